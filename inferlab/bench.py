@@ -1,0 +1,214 @@
+"""One benchmark configuration: warm up, measure repeated runs, keep every raw timestamp."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from inferlab import fingerprint, roofline
+from inferlab.decode import DecodeConfig
+from inferlab.engines import ENGINE_NAMES, make_engine
+from inferlab.errors import UsageError
+from inferlab.metrics import RunTimes, summarize
+from inferlab.models import LoadedModel
+from inferlab.prompts import Prompt, from_ids, encode_texts, random_prompt
+from inferlab.sampling import SamplingConfig
+from inferlab.timing import clock_for, synchronize
+
+SCHEMA = "inferlab.bench/1"
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """What one benchmark measures. The output length is fixed: EOS is ignored."""
+
+    engine: str = "eager"
+    prompt_length: int = 128
+    prompt_text: str | None = None
+    batch_size: int = 1
+    output_length: int = 128
+    warmup_runs: int = 2
+    runs: int = 5
+    seed: int = 0
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    per_token_events: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("prompt_length", "batch_size", "output_length"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise UsageError(f"{name.replace('_', ' ')} must be a positive integer, got {value}")
+        if self.runs < 1:
+            raise UsageError(f"runs must be at least 1, got {self.runs}")
+        if self.warmup_runs < 0:
+            raise UsageError(f"warm-up runs must be 0 or more, got {self.warmup_runs}")
+        if self.engine not in ENGINE_NAMES:
+            raise UsageError(f"unknown engine {self.engine!r}: use one of {', '.join(ENGINE_NAMES)}")
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out["sampling"] = asdict(self.sampling)
+        return out
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    """A measured configuration: raw runs plus what they ran on; statistics are derived."""
+
+    config: BenchConfig
+    fingerprint: dict
+    runs: tuple[RunTimes, ...]
+    warmup_e2e_ms: tuple[float, ...]
+    prepare_ms: float
+    roofline: roofline.Roofline | None
+    prompt_length: int  # the actual prompt length (a text prompt's token count)
+    status: str = "ok"  # "ok", "oom" or "error"
+    error: str | None = None
+
+    @property
+    def summary(self) -> dict:
+        return summarize(list(self.runs), self.config.batch_size) if self.runs else {}
+
+    def roofline_summary(self) -> dict | None:
+        if self.roofline is None or not self.runs or not self.summary.get("tpot_ms"):
+            return None
+        return {**self.roofline.to_dict(), **self.roofline.achieved(self.summary["tpot_ms"]["p50"])}
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA,
+            "status": self.status,
+            "error": self.error,
+            "config": self.config.to_dict(),
+            "fingerprint": self.fingerprint,
+            "prompt_length": self.prompt_length,
+            "prepare_ms": self.prepare_ms,
+            "warmup_e2e_ms": list(self.warmup_e2e_ms),
+            "runs": [{"token_ms": list(r.token_ms), "wall_ms": r.wall_ms} for r in self.runs],
+            "summary": self.summary,
+            "roofline": self.roofline_summary(),
+        }
+
+
+def result_from_dict(data: dict) -> BenchResult:
+    """Rebuild a result saved by `BenchResult.to_dict` (statistics are recomputed from the raw runs)."""
+    if data.get("schema") != SCHEMA:
+        raise UsageError(f"not an inferlab benchmark result (schema {data.get('schema')!r}, expected {SCHEMA!r})")
+    config = dict(data["config"])
+    config["sampling"] = SamplingConfig(**config["sampling"])
+    line = data.get("roofline")
+    saved_roofline = None
+    if line:
+        bandwidth = line["bandwidth_gb_per_s"] * 1e9 if line["bandwidth_gb_per_s"] is not None else None
+        saved_roofline = roofline.Roofline(line["weight_bytes_per_step"], line["kv_bytes_per_step"], bandwidth, line["bandwidth_source"])
+    return BenchResult(
+        config=BenchConfig(**config),
+        fingerprint=data["fingerprint"],
+        runs=tuple(RunTimes(tuple(r["token_ms"]), r.get("wall_ms")) for r in data["runs"]),
+        warmup_e2e_ms=tuple(data.get("warmup_e2e_ms", ())),
+        prepare_ms=data.get("prepare_ms", 0.0),
+        roofline=saved_roofline,
+        prompt_length=data["prompt_length"],
+        status=data.get("status", "ok"),
+        error=data.get("error"),
+    )
+
+
+def build_prompt(loaded: LoadedModel, config: BenchConfig) -> Prompt:
+    """The benchmark's prompt: a text (repeated over the batch) or seeded random ids."""
+    device = loaded.device
+    if config.prompt_text is not None:
+        row = encode_texts(loaded.tokenizer, [config.prompt_text])[0]
+        return from_ids([row] * config.batch_size, loaded.tokenizer.pad_token_id, device)
+    generator = torch.Generator().manual_seed(config.seed)
+    return random_prompt(loaded.model.config.vocab_size, config.prompt_length, config.batch_size, generator, device)
+
+
+def check_fits(loaded: LoadedModel, prompt_length: int, output_length: int) -> None:
+    """UsageError when prompt + output exceed the model's context."""
+    if prompt_length + output_length > loaded.max_context:
+        raise UsageError(
+            f"prompt ({prompt_length}) + output ({output_length}) tokens exceed {loaded.name}'s context of "
+            f"{loaded.max_context}: shorten the prompt or the output"
+        )
+
+
+def decode_config(loaded: LoadedModel, config: BenchConfig) -> DecodeConfig:
+    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer is not None else 0
+    return DecodeConfig(config.output_length, config.sampling, ignore_eos=True, pad_token_id=pad)
+
+
+def run_once(engine, prompt: Prompt, decode: DecodeConfig, generator, clock, device: torch.device) -> RunTimes:
+    """One timed request: event (or host) timestamps per token, and a synchronized wall clock around it."""
+    synchronize(device)
+    wall_start = time.perf_counter()
+    engine.run(prompt, decode, generator, clock)
+    token_ms = clock.finish()  # synchronizes once
+    wall_ms = (time.perf_counter() - wall_start) * 1e3
+    return RunTimes(token_ms=token_ms, wall_ms=wall_ms)
+
+
+def run_benchmark(
+    loaded: LoadedModel,
+    config: BenchConfig,
+    bandwidth: tuple[float | None, str] = (None, "unknown"),
+    engine=None,
+    on_run=None,
+) -> BenchResult:
+    """Warm up, then time `config.runs` requests; return every raw timestamp."""
+    prompt = build_prompt(loaded, config)
+    check_fits(loaded, prompt.length, config.output_length)
+    device = loaded.device
+    decode = decode_config(loaded, config)
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+
+    prepare_start = time.perf_counter()
+    engine = engine or make_engine(config.engine, loaded.model)
+    if hasattr(engine, "prepare"):
+        engine.prepare(prompt.batch_size, prompt.length + config.output_length)
+    synchronize(device)
+    prepare_ms = (time.perf_counter() - prepare_start) * 1e3
+
+    clock = clock_for(device, config.output_length, config.per_token_events)
+    warmups = []
+    for _ in range(config.warmup_runs):
+        warmups.append(run_once(engine, prompt, decode, generator, clock, device).e2e_ms)
+    runs = []
+    for index in range(config.runs):
+        runs.append(run_once(engine, prompt, decode, generator, clock, device))
+        if on_run is not None:
+            on_run(index)
+    return BenchResult(
+        config=config,
+        fingerprint=make_fingerprint(loaded, config, prompt.length),
+        runs=tuple(runs),
+        warmup_e2e_ms=tuple(warmups),
+        prepare_ms=prepare_ms,
+        roofline=roofline.roofline(loaded.model, prompt.batch_size, prompt.length, config.output_length, bandwidth),
+        prompt_length=prompt.length,
+    )
+
+
+def make_fingerprint(loaded: LoadedModel, config: BenchConfig, prompt_length: int) -> dict:
+    """The environment plus what was measured: model, dtype, engine and the shape of the request."""
+    from inferlab.dtypes import dtype_name
+
+    return {
+        **fingerprint.environment(loaded.device),
+        "model": loaded.name,
+        "model_source": loaded.source,
+        "dtype": dtype_name(loaded.dtype),
+        "engine": config.engine,
+        "prompt_length": prompt_length,
+        "batch_size": config.batch_size,
+        "output_length": config.output_length,
+        "layout": "single",
+    }
+
+
+def failed_result(loaded: LoadedModel, config: BenchConfig, status: str, message: str) -> BenchResult:
+    """A row for a configuration that could not run (out of memory, say), so a sweep can go on."""
+    return BenchResult(config, make_fingerprint(loaded, config, config.prompt_length), (), (), 0.0, None,
+                       config.prompt_length, status=status, error=message)

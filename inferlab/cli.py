@@ -1,0 +1,323 @@
+"""The `inferlab` command: argparse lives here and nowhere else.
+
+Every error a user can cause ends as one line on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from inferlab.errors import UsageError
+
+SAMPLING_HELP = "greedy unless --temperature, --top-k or --top-p is given (applied in that order)"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _add_model_args(parser: argparse.ArgumentParser, optional_model: bool = False) -> None:
+    help_text = "Hugging Face id, local folder, or smollm2-135m / tinyllama-1.1b-random / tiny-random"
+    if optional_model:
+        parser.add_argument("model", nargs="?", default=None, help=help_text + " (default: the device's default model)")
+    else:
+        parser.add_argument("model", help=help_text)
+    parser.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
+    parser.add_argument("--dtype", default=None, help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("sampling", SAMPLING_HELP)
+    group.add_argument("--temperature", type=float, default=None)
+    group.add_argument("--top-k", type=int, default=None)
+    group.add_argument("--top-p", type=float, default=None)
+    group.add_argument("--seed", type=int, default=0, help="seeds the sampler's generator and random prompts")
+
+
+def _add_bench_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--warmup", type=_non_negative_int, default=2, help="warm-up runs, not recorded (default 2)")
+    parser.add_argument("--runs", type=_positive_int, default=5, help="measured runs (default 5)")
+    parser.add_argument("--no-probe", action="store_true", help="use the datasheet bandwidth instead of measuring a device copy")
+    parser.add_argument("--out", type=Path, default=Path("results"), help="results folder (default ./results)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="inferlab", description="See how a causal LM generates text, and measure it.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    commands.add_parser("env", help="CUDA, devices, memory and library versions")
+
+    inspect = commands.add_parser("inspect", help="parameters, dtypes, devices, config and memory of a model")
+    _add_model_args(inspect)
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of text")
+
+    trace = commands.add_parser("trace", help="one prefill and one cached decode step, stage by stage, with shapes")
+    _add_model_args(trace)
+    trace.add_argument("--prompt", default=None, help="text prompt (default: random ids, see --prompt-length)")
+    trace.add_argument("--prompt-length", type=_positive_int, default=8)
+    trace.add_argument("--batch-size", type=_positive_int, default=1)
+    trace.add_argument("--all-layers", action="store_true", help="show every decoder layer, not only the first")
+
+    generate = commands.add_parser("generate", help="generate text with the manual decode loop")
+    _add_model_args(generate)
+    generate.add_argument("--prompt", action="append", required=True, help="prompt text; repeat for a batch")
+    generate.add_argument("--max-new-tokens", type=_positive_int, default=64)
+    generate.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    generate.add_argument("--no-chat", action="store_true", help="do not apply the tokenizer's chat template")
+    generate.add_argument("--verbose", action="store_true", help="print every decode step")
+    _add_sampling_args(generate)
+
+    bench = commands.add_parser("bench", help="time one configuration: TTFT, TPOT, ITL, tokens/s with percentiles")
+    _add_model_args(bench, optional_model=True)
+    bench.add_argument("--engine", default="eager", help="eager, hf, hf-static or fast (default eager)")
+    bench.add_argument("--prompt", default=None, help="text prompt instead of random ids")
+    bench.add_argument("--prompt-length", type=int, default=128, help="random prompt length in tokens (default 128)")
+    bench.add_argument("--batch-size", type=int, default=1)
+    bench.add_argument("--output-length", type=int, default=128, help="tokens generated, EOS ignored (default 128)")
+    bench.add_argument("--events", choices=("per-token", "endpoints"), default="per-token",
+                       help="CUDA events after every token (default) or after the first and last only")
+    _add_bench_args(bench)
+    _add_sampling_args(bench)
+
+    sweep = commands.add_parser("sweep", help="the output-length experiment (and prompt length, batch size)")
+    _add_model_args(sweep, optional_model=True)
+    sweep.add_argument("--engines", nargs="+", default=["eager"], help="engines to compare (default eager)")
+    sweep.add_argument("--output-lengths", nargs="+", type=int, default=[10, 50, 100, 500])
+    sweep.add_argument("--prompt-lengths", nargs="+", type=int, default=[128])
+    sweep.add_argument("--batch-sizes", nargs="+", type=int, default=[1])
+    _add_bench_args(sweep)
+    _add_sampling_args(sweep)
+
+    demo = commands.add_parser("timing-demo", help="why GPU work must be timed with events or after a sync")
+    demo.add_argument("--device", default=None)
+    demo.add_argument("--size", type=_positive_int, default=8192, help="square matrix size (default 8192)")
+    demo.add_argument("--repeats", type=_positive_int, default=20)
+
+    gate = commands.add_parser("gate", help="PASS / FAIL / INCONCLUSIVE on head vs base pytest-benchmark runs")
+    gate.add_argument("base", nargs="?", type=Path, help="base run saved with --benchmark-autosave --benchmark-save-data")
+    gate.add_argument("head", nargs="?", type=Path, help="head run, same tests on the same machine")
+    gate.add_argument("--base-runs", nargs="+", type=Path, default=[], help="more repeats of the base run")
+    gate.add_argument("--head-runs", nargs="+", type=Path, default=[], help="more repeats of the head run")
+    gate.add_argument("--threshold", default="5%", help="slowdown that counts, e.g. 5%% or tpot_ms=3%%,default=5%%")
+    gate.add_argument("--confidence", type=float, default=0.95, help="family-wise confidence (default 0.95)")
+    gate.add_argument("--run-noise", type=float, default=0.01,
+                      help="process-to-process spread of a run's median, as a fraction (default 0.01)")
+    gate.add_argument("--json", type=Path, default=None, help="also write the verdicts to this new JSON file")
+    return parser
+
+
+def _sampling(args):
+    from inferlab.sampling import SamplingConfig
+
+    sample = args.temperature is not None or args.top_k is not None or args.top_p is not None
+    if not sample:
+        return SamplingConfig()
+    try:
+        return SamplingConfig(
+            greedy=False,
+            temperature=1.0 if args.temperature is None else args.temperature,
+            top_k=args.top_k,
+            top_p=args.top_p,
+        )
+    except ValueError as error:
+        raise UsageError(f"{error}: fix --temperature / --top-k / --top-p") from None
+
+
+def _load(args, default: bool = False):
+    from inferlab.dtypes import resolve_device, resolve_dtype
+    from inferlab.models import default_model, load_model
+
+    device = resolve_device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    name = args.model if args.model is not None else default_model(device)
+    print(f"loading {name} on {device} in {str(dtype).replace('torch.', '')} ...", file=sys.stderr)
+    return load_model(name, device, dtype)
+
+
+def cmd_env(args) -> int:
+    from inferlab.inspection import environment_report, format_environment
+
+    print(format_environment(environment_report()))
+    return 0
+
+
+def cmd_inspect(args) -> int:
+    from inferlab.inspection import format_model_report, inspect_model, report_dict
+
+    report = inspect_model(_load(args))
+    print(json.dumps(report_dict(report), indent=2) if args.json else format_model_report(report))
+    return 0
+
+
+def cmd_trace(args) -> int:
+    import torch
+
+    from inferlab.prompts import from_texts, random_prompt
+    from inferlab.trace import format_trace, trace_forward
+
+    loaded = _load(args)
+    if args.prompt is not None:
+        prompt = from_texts(loaded.tokenizer, [args.prompt] * args.batch_size, loaded.device)
+    else:
+        generator = torch.Generator().manual_seed(0)
+        prompt = random_prompt(loaded.model.config.vocab_size, args.prompt_length, args.batch_size, generator, loaded.device)
+    print(format_trace(trace_forward(loaded.model, prompt, all_layers=args.all_layers)))
+    return 0
+
+
+def cmd_generate(args) -> int:
+    import torch
+
+    from inferlab.bench import check_fits
+    from inferlab.decode import DecodeConfig, generate
+    from inferlab.prompts import from_texts
+
+    sampling = _sampling(args)
+    loaded = _load(args)
+    prompt = from_texts(loaded.tokenizer, args.prompt, loaded.device, chat=not args.no_chat)
+    check_fits(loaded, prompt.length, args.max_new_tokens)
+    eos = loaded.model.generation_config.eos_token_id
+    eos = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+    config = DecodeConfig(args.max_new_tokens, sampling, args.ignore_eos, eos, loaded.tokenizer.pad_token_id)
+    generator = torch.Generator(device=loaded.device).manual_seed(args.seed)
+
+    def show(step) -> None:
+        pieces = [repr(loaded.tokenizer.decode([t])) for t in step.tokens.tolist()]
+        print(
+            f"step {step.index:>3} | seq_len {step.seq_len:>4} | logits {tuple(step.logits.shape)} | "
+            f"token {step.tokens.tolist()} {' '.join(pieces)} | device {step.logits.device}"
+        )
+
+    out = generate(loaded.model, prompt, config, generator, on_step=show if args.verbose else None)
+    for text, row in zip(args.prompt, out.tokens):
+        if len(args.prompt) > 1 or args.verbose:
+            print(f"--- {text}")
+        print(loaded.tokenizer.decode(row, skip_special_tokens=True))
+    return 0
+
+
+def _bandwidth(loaded, no_probe: bool):
+    from inferlab import fingerprint, roofline
+
+    return roofline.device_bandwidth(loaded.device, fingerprint.device_name(loaded.device), probe=not no_probe)
+
+
+def cmd_bench(args) -> int:
+    from inferlab.bench import BenchConfig, run_benchmark
+    from inferlab.report import format_result
+    from inferlab.storage import new_run_folder, write_json_atomic
+
+    config = BenchConfig(
+        engine=args.engine, prompt_length=args.prompt_length, prompt_text=args.prompt, batch_size=args.batch_size,
+        output_length=args.output_length, warmup_runs=args.warmup, runs=args.runs, seed=args.seed,
+        sampling=_sampling(args), per_token_events=args.events == "per-token",
+    )
+    folder = new_run_folder(args.out, "bench")
+    loaded = _load(args)
+    result = run_benchmark(loaded, config, _bandwidth(loaded, args.no_probe))
+    path = write_json_atomic(folder / "bench.json", result.to_dict())
+    print(format_result(result))
+    print(f"saved {path}")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from inferlab import sweep
+    from inferlab.storage import new_run_folder
+
+    config = sweep.SweepConfig(
+        model=args.model or "", engines=tuple(args.engines), output_lengths=tuple(args.output_lengths),
+        prompt_lengths=tuple(args.prompt_lengths), batch_sizes=tuple(args.batch_sizes),
+        warmup_runs=args.warmup, runs=args.runs, seed=args.seed, sampling=_sampling(args),
+    )
+    loaded = _load(args)
+    folder = new_run_folder(args.out, "sweep")
+    try:
+        report = sweep.run_sweep(loaded, config, folder, _bandwidth(loaded, args.no_probe), sweep.TqdmProgress())
+    except KeyboardInterrupt:
+        print(f"inferlab: interrupted: finished configurations are saved in {folder}", file=sys.stderr)
+        return 130
+    print(sweep.format_sweep_table(report))
+    print(f"saved {folder}")
+    return 0
+
+
+def cmd_timing_demo(args) -> int:
+    from inferlab.dtypes import resolve_device
+    from inferlab.timing_demo import format_demo, run_demo
+
+    device = resolve_device(args.device)
+    print(format_demo(run_demo(device, args.size, args.repeats)))
+    return 0
+
+
+def cmd_gate(args) -> int:
+    from inferlab import gate
+
+    base = ([args.base] if args.base else []) + list(args.base_runs)
+    head = ([args.head] if args.head else []) + list(args.head_runs)
+    if not base or not head:
+        raise UsageError("gate needs a base and a head run: inferlab gate BASE.json HEAD.json")
+    base_runs = [gate.load_run(p) for p in base]
+    head_runs = [gate.load_run(p) for p in head]
+    gate.check_comparable(base_runs, head_runs)
+    if not 0.5 <= args.confidence < 1:
+        raise UsageError(f"--confidence must be in [0.5, 1), got {args.confidence}")
+    if args.run_noise < 0:
+        raise UsageError(f"--run-noise must be >= 0, got {args.run_noise}")
+    report = gate.compare(
+        base_runs, head_runs, thresholds=gate.parse_thresholds(args.threshold),
+        confidence=args.confidence, run_noise=args.run_noise,
+    )
+    print(gate.format_table(report))
+    if args.json is not None:
+        gate.write_report_json(report, args.json)
+    return report.exit_code
+
+
+COMMANDS = {
+    "env": cmd_env,
+    "inspect": cmd_inspect,
+    "trace": cmd_trace,
+    "generate": cmd_generate,
+    "bench": cmd_bench,
+    "sweep": cmd_sweep,
+    "timing-demo": cmd_timing_demo,
+    "gate": cmd_gate,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except UsageError as error:
+        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"inferlab: error: {message}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("inferlab: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""Writing results: atomically, and never over an earlier run."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+from inferlab.errors import UsageError
+
+
+def write_text_atomic(path: Path, text: str, overwrite: bool = False) -> Path:
+    """Write `text` to `path` through a temporary file and a rename; refuse to replace a file unless `overwrite`."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise UsageError(f"{path} exists and is kept: choose another output path")
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if overwrite:
+            os.replace(temporary, path)
+        else:
+            _publish_exclusive(temporary, path)
+    except FileExistsError:
+        os.unlink(temporary)
+        raise UsageError(f"{path} exists and is kept: choose another output path") from None
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+    return path
+
+
+def _publish_exclusive(temporary: str, path: Path) -> None:
+    try:
+        os.link(temporary, path)  # fails if `path` appeared meanwhile: nothing is ever overwritten
+    except FileExistsError:
+        raise
+    except OSError:  # a filesystem without hard links: check, then rename
+        if path.exists():
+            raise FileExistsError(path) from None
+        os.replace(temporary, path)
+        return
+    os.unlink(temporary)
+
+
+def write_json_atomic(path: Path, data: dict, overwrite: bool = False) -> Path:
+    """`data` as indented JSON, written atomically."""
+    return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n", overwrite)
+
+
+def writable_folder(folder: Path) -> Path:
+    """Create `folder` if needed and check it can be written to; UsageError otherwise."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-", delete=True)
+        probe.close()
+    except OSError as error:
+        raise UsageError(f"cannot write results to {folder} ({error.strerror}): choose a writable --out folder") from None
+    return folder
+
+
+def new_run_folder(parent: Path, label: str) -> Path:
+    """A fresh folder `parent/<UTC time>-<label>[-n]` that no earlier run used."""
+    parent = writable_folder(parent)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    for attempt in range(1, 1000):
+        name = f"{stamp}-{label}" if attempt == 1 else f"{stamp}-{label}-{attempt}"
+        try:
+            (parent / name).mkdir()
+            return parent / name
+        except FileExistsError:
+            continue
+    raise UsageError(f"could not create a new run folder in {parent}: clean up old runs")
