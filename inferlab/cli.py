@@ -146,6 +146,9 @@ def _load(args, default: bool = False):
     from inferlab.dtypes import resolve_device, resolve_dtype
     from inferlab.models import default_model, load_model
 
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the CLI prints its own one-line status
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     name = args.model if args.model is not None else default_model(device)
@@ -192,6 +195,8 @@ def cmd_generate(args) -> int:
     from inferlab.prompts import from_texts
 
     sampling = _sampling(args)
+    if any(not text.strip() for text in args.prompt):
+        raise UsageError("empty prompt: pass some text with --prompt")
     loaded = _load(args)
     prompt = from_texts(loaded.tokenizer, args.prompt, loaded.device, chat=not args.no_chat)
     check_fits(loaded, prompt.length, args.max_new_tokens)

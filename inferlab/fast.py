@@ -1,0 +1,280 @@
+"""The fast decode engine: a compact Llama over the same weights, built for decoding.
+
+What makes it fast, each a separate switch so its effect can be measured:
+
+- fused projections: one [q; k; v] matrix and one [gate; up] matrix per layer (fewer, larger reads);
+- a static KV cache preallocated for prompt + output, written in place at each position;
+- the whole step (model, sampling, position update) compiled by ``torch.compile`` into fused kernels;
+- the prefill and the decode step each captured once in a CUDA graph: a step is one
+  ``graph.replay()``, with no host work and no synchronization per token.
+
+Sampling stays on the device: greedy is argmax; sampling draws ``u ~ U(0, 1)`` per vocabulary
+entry from the caller's generator (outside the graph) and picks ``argmax(p / -log u)``, which is
+a draw from ``p`` (the exponential-race form of the multinomial), after the same temperature,
+top-k and top-p warpers as everywhere else.
+
+GQA without copying the cache: the g = heads / KV heads query heads that share a KV head are
+folded into the query-length axis, so attention runs on [B, kvh, g*S, hd] against [B, kvh, T, hd].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inferlab.decode import DecodeConfig
+from inferlab.errors import UsageError
+from inferlab.prompts import Prompt
+from inferlab.sampling import SamplingConfig, warp
+
+
+@dataclass(frozen=True)
+class FastOptions:
+    """Which optimizations are on. None means: on when the device is CUDA."""
+
+    compile: bool | None = None
+    graphs: bool | None = None
+    compile_mode: str = "max-autotune-no-cudagraphs"
+
+    def resolved(self, device: torch.device) -> "FastOptions":
+        cuda = device.type == "cuda"
+        return FastOptions(
+            compile=cuda if self.compile is None else self.compile,
+            graphs=cuda if self.graphs is None else self.graphs,
+            compile_mode=self.compile_mode,
+        )
+
+
+def check_supported(model) -> None:
+    """UsageError unless `model` is a Llama-architecture causal LM this engine can rebuild."""
+    config = model.config
+    if getattr(config, "model_type", None) != "llama":
+        raise UsageError(f"the fast engine supports Llama-architecture models, not {config.model_type!r}: use --engine eager or hf")
+    if getattr(config, "attention_bias", False) or getattr(config, "mlp_bias", False):
+        raise UsageError("the fast engine supports Llama models without projection biases: use --engine eager or hf")
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise UsageError(f"the fast engine supports SiLU MLPs, not {config.hidden_act!r}: use --engine eager or hf")
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Llama RMSNorm, in float32 like transformers: weight * x / sqrt(mean(x^2) + eps)."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class FastLayer(nn.Module):
+    """One decoder layer's weights, fused: wqkv [(nh + 2 kvh) hd, H], w13 [2 I, H]."""
+
+    def __init__(self, layer) -> None:
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        with torch.no_grad():
+            wqkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight], dim=0)
+            w13 = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight], dim=0)
+        self.register_buffer("wqkv", wqkv, persistent=False)
+        self.register_buffer("wo", attn.o_proj.weight.detach(), persistent=False)
+        self.register_buffer("w13", w13, persistent=False)
+        self.register_buffer("w2", mlp.down_proj.weight.detach(), persistent=False)
+        self.register_buffer("attn_norm", layer.input_layernorm.weight.detach(), persistent=False)
+        self.register_buffer("ffn_norm", layer.post_attention_layernorm.weight.detach(), persistent=False)
+
+
+class FastLlama(nn.Module):
+    """A Llama forward pass over a static KV cache: tokens [B, S] at positions [S] -> logits [B, 1, V]."""
+
+    def __init__(self, hf_model) -> None:
+        super().__init__()
+        check_supported(hf_model)
+        config = hf_model.config
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.eps = config.rms_norm_eps
+        self.layers = nn.ModuleList(FastLayer(layer) for layer in hf_model.model.layers)
+        self.register_buffer("embed", hf_model.get_input_embeddings().weight.detach(), persistent=False)
+        self.register_buffer("norm", hf_model.model.norm.weight.detach(), persistent=False)
+        self.register_buffer("lm_head", hf_model.get_output_embeddings().weight.detach(), persistent=False)
+        self._rotary = hf_model.model.rotary_emb
+        self.max_seq = 0
+
+    def setup_cache(self, batch_size: int, max_seq: int) -> None:
+        """Allocate K/V [L, B, kvh, max_seq, hd] and the RoPE table for positions [0, max_seq)."""
+        device, dtype = self.embed.device, self.embed.dtype
+        shape = (len(self.layers), batch_size, self.num_kv_heads, max_seq, self.head_dim)
+        self.register_buffer("k_cache", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+        self.register_buffer("v_cache", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
+        positions = torch.arange(max_seq, device=device)[None]
+        with torch.no_grad():
+            # transformers' own rotary module, so every RoPE variant it knows comes out identical.
+            cos, sin = self._rotary(self.embed[:1, None].expand(1, max_seq, -1), positions)
+        self.register_buffer("cos", cos[0], persistent=False)  # [max_seq, hd]
+        self.register_buffer("sin", sin[0], persistent=False)
+        self.register_buffer("arange", torch.arange(max_seq, device=device), persistent=False)
+        self.max_seq = max_seq
+
+    def attention(self, index: int, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x [B, S, H] at positions [S] -> [B, S, H], writing this layer's K/V at those positions."""
+        layer = self.layers[index]
+        B, S, _ = x.shape
+        nh, kvh, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        g = nh // kvh
+        q, k, v = F.linear(x, layer.wqkv).split([nh * hd, kvh * hd, kvh * hd], dim=-1)
+        q = q.view(B, S, nh, hd).transpose(1, 2)
+        k = k.view(B, S, kvh, hd).transpose(1, 2)
+        v = v.view(B, S, kvh, hd).transpose(1, 2)
+        cos, sin = self.cos[positions], self.sin[positions]  # [S, hd]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        self.k_cache[index].index_copy_(2, positions, k)
+        self.v_cache[index].index_copy_(2, positions, v)
+        # Fold the g query heads of each KV head into the query axis: [B, kvh, g*S, hd].
+        q = q.reshape(B, kvh, g * S, hd)
+        mask = (positions[:, None] >= self.arange[None, :]).repeat(g, 1)  # [g*S, T]
+        out = F.scaled_dot_product_attention(q, self.k_cache[index], self.v_cache[index], attn_mask=mask, scale=hd**-0.5)
+        out = out.view(B, nh, S, hd).transpose(1, 2).reshape(B, S, nh * hd)
+        return F.linear(out, layer.wo)
+
+    def mlp(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """down(silu(gate(x)) * up(x)), with gate and up in one matrix."""
+        layer = self.layers[index]
+        gate, up = F.linear(x, layer.w13).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, layer.w2)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """tokens [B, S] at positions [S] -> logits [B, 1, V] of the last position (float32)."""
+        x = F.embedding(tokens, self.embed)
+        for index, layer in enumerate(self.layers):
+            x = x + self.attention(index, rms_norm(x, layer.attn_norm, self.eps), positions)
+            x = x + self.mlp(index, rms_norm(x, layer.ffn_norm, self.eps))
+        x = rms_norm(x[:, -1:], self.norm, self.eps)
+        return F.linear(x, self.lm_head).float()
+
+
+def pick(logits: torch.Tensor, sampling: SamplingConfig, uniform: torch.Tensor | None) -> torch.Tensor:
+    """Token ids [B] from logits [B, V]: argmax, or argmax(p / -log u), a draw from the warped p."""
+    if sampling.greedy:
+        return torch.argmax(logits, dim=-1)
+    probs = torch.softmax(warp(logits, sampling), dim=-1)
+    exponential = -torch.log(uniform.clamp_min(1e-20))
+    return torch.argmax(probs / exponential, dim=-1)
+
+
+class FastEngine:
+    """Static cache + fused, compiled step + CUDA graphs. `prepare` compiles and captures; `run` only replays."""
+
+    name = "fast"
+
+    def __init__(self, model, options: FastOptions | None = None) -> None:
+        check_supported(model)
+        self.hf_model = model
+        self.device = next(model.parameters()).device
+        self.options = (options or FastOptions()).resolved(self.device)
+        if self.options.graphs and self.device.type != "cuda":
+            raise UsageError("CUDA graphs need a CUDA device: run the fast engine on CPU with graphs off")
+        self.net: FastLlama | None = None
+        self._key = None
+
+    def describe(self) -> str:
+        o = self.options
+        return f"fast (compile={'on, ' + o.compile_mode if o.compile else 'off'}, cuda graphs={'on' if o.graphs else 'off'})"
+
+    @torch.inference_mode()
+    def prepare(self, prompt: Prompt, config: DecodeConfig) -> None:
+        """Build the cache and buffers for this shape, compile, warm up and capture the graphs."""
+        key = (prompt.batch_size, prompt.length, config.max_new_tokens, config.sampling)
+        if key == self._key:
+            return
+        if bool((prompt.attention_mask == 0).any()):
+            raise UsageError("the fast engine needs prompts of equal length (no padding): use --engine eager or hf")
+        B, S, N = key[:3]
+        if self.net is None:
+            self.net = FastLlama(self.hf_model)
+        self.net.setup_cache(B, S + N)
+        vocab = self.net.embed.shape[0]
+        dev = self.device
+        self.sampling = config.sampling
+        self.prompt_ids = torch.zeros(B, S, dtype=torch.long, device=dev)
+        self.prompt_positions = torch.arange(S, device=dev)
+        self.tokens = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        self.position = torch.zeros(1, dtype=torch.long, device=dev)
+        self.out = torch.zeros(B, N, dtype=torch.long, device=dev)
+        self.uniform = None if config.sampling.greedy else torch.rand(B, vocab, device=dev)
+        self.prompt_length = S
+        self.new_tokens = N
+
+        prefill, decode = self._prefill_body, self._decode_body
+        if self.options.compile:
+            prefill = torch.compile(prefill, mode=self.options.compile_mode, fullgraph=True, dynamic=False)
+            decode = torch.compile(decode, mode=self.options.compile_mode, fullgraph=True, dynamic=False)
+        self._prefill, self._decode = prefill, decode
+        self._prefill_graph = self._decode_graph = None
+        if self.options.graphs:
+            self._capture()
+        self._key = key
+
+    def _prefill_body(self) -> None:
+        logits = self.net(self.prompt_ids, self.prompt_positions)[:, -1]
+        first = pick(logits, self.sampling, self.uniform)
+        self.tokens.copy_(first[:, None])
+        self.out[:, 0].copy_(first)
+        self.position.fill_(self.prompt_length)
+
+    def _decode_body(self) -> None:
+        logits = self.net(self.tokens, self.position)[:, -1]
+        nxt = pick(logits, self.sampling, self.uniform)
+        self.tokens.copy_(nxt[:, None])
+        self.out.index_copy_(1, self.position - self.prompt_length + 1, nxt[:, None])
+        self.position.add_(1)
+
+    def _capture(self) -> None:
+        # Warm up on a side stream (compilation and autotuning happen here), then capture.
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                self._prefill()
+                self._decode()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        self._prefill_graph, self._decode_graph = torch.cuda.CUDAGraph(), torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self._prefill_graph):
+            self._prefill()
+        with torch.cuda.graph(self._decode_graph, pool=self._prefill_graph.pool()):
+            self._decode()
+        torch.cuda.synchronize(self.device)
+
+    def _draw(self, generator: torch.Generator | None) -> None:
+        if self.uniform is not None:
+            self.uniform.uniform_(generator=generator)
+
+    @torch.inference_mode()
+    def run(self, prompt: Prompt, config: DecodeConfig, generator: torch.Generator | None, clock) -> torch.Tensor:
+        """Generate `config.max_new_tokens` tokens (EOS is not checked: fixed-length decoding)."""
+        self.prepare(prompt, config)
+        clock.start()
+        self.prompt_ids.copy_(prompt.input_ids)
+        self._draw(generator)
+        self._step(self._prefill_graph, self._prefill)
+        clock.mark()
+        for _ in range(self.new_tokens - 1):
+            self._draw(generator)
+            self._step(self._decode_graph, self._decode)
+            clock.mark()
+        return self.out.clone()
+
+    @staticmethod
+    def _step(graph, function) -> None:
+        if graph is not None:
+            graph.replay()
+        else:
+            function()

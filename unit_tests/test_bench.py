@@ -1,0 +1,68 @@
+"""The benchmark runner: raw samples kept, JSON round-trip, engines agree, bad input refused."""
+
+import json
+
+import pytest
+import torch
+
+from inferlab.bench import SCHEMA, BenchConfig, decode_config, build_prompt, result_from_dict, run_benchmark
+from inferlab.engines import make_engine
+from inferlab.errors import UsageError
+from inferlab.timing import HostClock
+
+
+def test_result_keeps_every_raw_timestamp_and_round_trips_through_json(tiny):
+    result = run_benchmark(tiny, BenchConfig(prompt_length=6, output_length=5, warmup_runs=1, runs=3))
+    assert len(result.runs) == 3 and all(r.num_tokens == 5 for r in result.runs)
+    data = json.loads(json.dumps(result.to_dict()))
+    assert data["schema"] == SCHEMA
+    again = result_from_dict(data)
+    assert again.runs == result.runs
+    assert again.summary == result.summary
+    assert again.config == result.config
+    fp = data["fingerprint"]
+    for key in ("device_name", "torch", "transformers", "model", "dtype", "engine", "prompt_length", "batch_size", "output_length"):
+        assert key in fp
+    assert (fp["model"], fp["dtype"], fp["engine"], fp["output_length"]) == ("tiny-random", "fp32", "eager", 5)
+
+
+def test_wall_clock_brackets_the_token_timestamps(tiny):
+    result = run_benchmark(tiny, BenchConfig(prompt_length=4, output_length=4, warmup_runs=0, runs=2))
+    for run in result.runs:
+        assert run.wall_ms >= run.e2e_ms
+
+
+def test_result_from_dict_rejects_other_files():
+    with pytest.raises(UsageError, match="not an inferlab benchmark result"):
+        result_from_dict({"schema": "something/else"})
+
+
+@pytest.mark.parametrize("engine", ["hf", "hf-static"])
+def test_generate_engines_produce_the_eager_loops_tokens(tiny, engine):
+    config = BenchConfig(prompt_length=9, output_length=7, batch_size=2)
+    prompt, decode = build_prompt(tiny, config), decode_config(tiny, config)
+    eager = make_engine("eager", tiny.model).run(prompt, decode, None, HostClock())
+    clock = HostClock()
+    other = make_engine(engine, tiny.model).run(prompt, decode, None, clock)
+    assert torch.equal(eager, other)
+    assert len(clock.finish()) == 7  # one mark per generated token
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(output_length=0), "output length must be a positive integer, got 0"),
+        (dict(prompt_length=-3), "prompt length must be a positive integer, got -3"),
+        (dict(batch_size=0), "batch size must be a positive integer, got 0"),
+        (dict(runs=0), "runs must be at least 1, got 0"),
+        (dict(engine="vllm"), "unknown engine 'vllm'"),
+    ],
+)
+def test_bad_configurations_are_refused_with_one_line(kwargs, message):
+    with pytest.raises(UsageError, match=message):
+        BenchConfig(**kwargs)
+
+
+def test_output_beyond_the_context_is_refused_before_running(tiny):
+    with pytest.raises(UsageError, match=r"prompt \(500\) \+ output \(20\) tokens exceed tiny-random's context of 512"):
+        run_benchmark(tiny, BenchConfig(prompt_length=500, output_length=20))
