@@ -10,7 +10,7 @@ import torch
 # The plugin (gpu marker, benchmark options) is registered by the installed package's entry
 # point; from a bare checkout (PYTHONPATH=.) load it here instead.
 _ENTRY_POINTS = {ep.value for ep in importlib.metadata.entry_points(group="pytest11")}
-pytest_plugins = [] if "inferlab.pytest_plugin" in _ENTRY_POINTS else ["inferlab.pytest_plugin"]
+pytest_plugins = ["pytester"] + ([] if "inferlab.pytest_plugin" in _ENTRY_POINTS else ["inferlab.pytest_plugin"])
 
 CPU = torch.device("cpu")
 

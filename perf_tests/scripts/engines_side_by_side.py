@@ -1,0 +1,183 @@
+"""Engines side by side on one GPU, with the checks that make the numbers trustworthy.
+
+    PYTHONPATH=. python3 perf_tests/scripts/engines_side_by_side.py --out results/engines
+
+TinyLlama-1.1B architecture (random weights unless the real model is cached), bf16, batch 1,
+prompt 128 random tokens, 128 new tokens, greedy, EOS ignored, CUDA events.
+
+1. correctness: the fast engine's greedy tokens against the eager loop's over 128 tokens, and
+   the largest logit difference of the fast model against transformers on the same tokens;
+2. every engine timed (warm-up, then repeated runs; compile and capture timed apart);
+3. the timer's own cost: per-token events against first/last-token events, interleaved;
+4. event TPOT against one synchronized wall clock per request;
+5. run-to-run spread of TPOT (p50 against p99 over the runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from inferlab import fingerprint, roofline
+from inferlab.bench import BenchConfig, build_prompt, decode_config, run_benchmark, run_once
+from inferlab.decode import DecodeConfig, generate_steps
+from inferlab.engines import make_engine
+from inferlab.fast import FastEngine, FastLlama, FastOptions
+from inferlab.models import default_model, load_model
+from inferlab.timing import clock_for, synchronize
+
+
+def correctness(loaded, prompt, new_tokens: int) -> dict:
+    """Token agreement of fast vs eager (greedy) and the largest logit gap on teacher-forced tokens."""
+    config = DecodeConfig(new_tokens, ignore_eos=True)
+    eager_steps = [(s.tokens.clone(), s.logits.clone()) for s in generate_steps(loaded.model, prompt, config)]
+    eager_tokens = torch.stack([t for t, _ in eager_steps], dim=1)
+    engine = FastEngine(loaded.model)
+    engine.prepare(prompt, config)
+    fast_tokens = engine.run(prompt, config, None, clock_for(loaded.device, new_tokens))
+    synchronize(loaded.device)
+    same = (fast_tokens == eager_tokens)[0].tolist()
+    first_divergence = same.index(False) if False in same else None
+    # Teacher-forced: the fast model (uncompiled) fed the eager tokens; compare logits per step.
+    net = FastLlama(loaded.model)
+    net.setup_cache(prompt.batch_size, prompt.length + new_tokens)
+    gaps = []
+    with torch.inference_mode():
+        logits = net(prompt.input_ids, torch.arange(prompt.length, device=loaded.device))[:, -1]
+        gaps.append((logits - eager_steps[0][1]).abs().max().item())
+        for index in range(1, new_tokens):
+            position = torch.tensor([prompt.length + index - 1], device=loaded.device)
+            logits = net(eager_tokens[:, index - 1 : index], position)[:, -1]
+            gaps.append((logits - eager_steps[index][1]).abs().max().item())
+    logit_scale = max(s[1].abs().max().item() for s in eager_steps)
+    return {
+        "token_agreement": sum(same) / len(same),
+        "first_divergence_step": first_divergence,
+        "max_abs_logit_diff": max(gaps),
+        "median_abs_logit_diff": float(np.median(gaps)),
+        "max_abs_logit": logit_scale,
+    }
+
+
+def timer_cost(loaded, engine_name: str, pairs: int, prompt_length: int, new_tokens: int) -> dict:
+    """Median TPOT with per-token events and with first/last events only, runs interleaved."""
+    config = BenchConfig(engine=engine_name, prompt_length=prompt_length, output_length=new_tokens)
+    prompt, decode = build_prompt(loaded, config), decode_config(loaded, config)
+    engine = make_engine(engine_name, loaded.model)
+    if hasattr(engine, "prepare"):
+        engine.prepare(prompt, decode)
+    per_token = clock_for(loaded.device, new_tokens, per_token=True)
+    endpoints = clock_for(loaded.device, new_tokens, per_token=False)
+    for _ in range(3):
+        run_once(engine, prompt, decode, None, per_token, loaded.device)
+    a, b, wall_gaps = [], [], []
+    for _ in range(pairs):
+        run = run_once(engine, prompt, decode, None, per_token, loaded.device)
+        a.append(run.tpot_ms)
+        wall_tpot = (run.wall_ms - run.ttft_ms) / (run.num_tokens - 1)
+        wall_gaps.append(abs(wall_tpot - run.tpot_ms) / run.tpot_ms)
+        b.append(run_once(engine, prompt, decode, None, endpoints, loaded.device).tpot_ms)
+    return {
+        "engine": engine_name,
+        "pairs": pairs,
+        "tpot_ms_per_token_events_p50": float(np.median(a)),
+        "tpot_ms_endpoint_events_p50": float(np.median(b)),
+        "relative_cost": float(np.median(a) / np.median(b) - 1),
+        "wall_vs_events_max_rel_gap": float(max(wall_gaps)),
+        "wall_vs_events_median_rel_gap": float(np.median(wall_gaps)),
+        "raw_per_token": a,
+        "raw_endpoints": b,
+    }
+
+
+VARIANTS = [
+    ("hf", None),
+    ("hf-static", None),
+    ("eager", None),
+    ("fast: graphs, eager kernels", FastOptions(compile=False, graphs=True)),
+    ("fast: compile default + graphs", FastOptions(compile=True, graphs=True, compile_mode="default")),
+    ("fast: compile max-autotune-no-cudagraphs + graphs", FastOptions(compile=True, graphs=True)),
+]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None)
+    parser.add_argument("--prompt-length", type=int, default=128)
+    parser.add_argument("--output-length", type=int, default=128)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--variants", default="all", help="comma-separated indexes into VARIANTS, or all")
+    parser.add_argument("--skip-trust", action="store_true")
+    parser.add_argument("--device", default="cuda", help="cuda (the real run) or cpu (a smoke test, no graphs)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("engines_side_by_side: needs a CUDA device (or --device cpu for a smoke test)", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = args.model or default_model(device)
+    loaded = load_model(name, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    env = fingerprint.environment(device)
+    bandwidth = roofline.device_bandwidth(device, env["device_name"], probe=True)
+    print(f"{name} bf16 on {env['device_name']} | torch {env['torch']} | transformers {env['transformers']} | "
+          f"CUDA {env['cuda']} | driver {env['driver']} | {dict(loaded.model.config.to_dict()).get('num_hidden_layers')} layers | copy bandwidth {bandwidth[0] / 1e9:.0f} GB/s", flush=True)
+
+    config = BenchConfig(prompt_length=args.prompt_length, output_length=args.output_length)
+    prompt = build_prompt(loaded, config)
+    check = correctness(loaded, prompt, args.output_length)
+    print("correctness:", json.dumps(check), flush=True)
+
+    chosen = VARIANTS if args.variants == "all" else [VARIANTS[int(i)] for i in args.variants.split(",")]
+    if device.type != "cuda":
+        chosen = [(label, options) for label, options in chosen if options is None or not options.graphs]
+        chosen.append(("fast: eager kernels, no graphs (CPU)", FastOptions(compile=False, graphs=False)))
+    rows, results = [], {}
+    for label, options in chosen:
+        engine_name = label.split(":")[0]
+        bench = BenchConfig(engine=engine_name, prompt_length=args.prompt_length, output_length=args.output_length,
+                            warmup_runs=args.warmup, runs=args.runs)
+        engine = FastEngine(loaded.model, options) if options is not None else None
+        start = time.perf_counter()
+        try:
+            result = run_benchmark(loaded, bench, bandwidth, engine=engine)
+        except Exception as error:  # one variant failing must not hide the others' numbers
+            print(f"{label}: FAILED {type(error).__name__}: {str(error).splitlines()[0][:300]}", flush=True)
+            continue
+        s = result.summary
+        line = result.roofline_summary()
+        rows.append((label, result.prepare_ms, s["ttft_ms"]["p50"], s["tpot_ms"]["p50"], s["tpot_ms"]["p99"],
+                     s["decode_tokens_per_s"], 100 * line["fraction_of_peak"], s["output_tokens_per_s"]["p50"]))
+        results[label] = result.to_dict()
+        print(f"{label}: done in {time.perf_counter() - start:.0f} s, TPOT p50 {s['tpot_ms']['p50']:.3f} ms", flush=True)
+        (args.out / "engines.json").write_text(json.dumps({"environment": env, "bandwidth": bandwidth,
+                                                           "correctness": check, "results": results}, indent=1))
+
+    trust = []
+    if not args.skip_trust:
+        for engine_name in ("eager", "fast"):
+            trust.append(timer_cost(loaded, engine_name, 10, args.prompt_length, args.output_length))
+            print("timer:", json.dumps({k: v for k, v in trust[-1].items() if not k.startswith("raw")}), flush=True)
+    (args.out / "engines.json").write_text(json.dumps({"environment": env, "bandwidth": bandwidth, "correctness": check,
+                                                       "results": results, "timer": trust}, indent=1))
+
+    print()
+    print("| engine | compile+capture ms | TTFT ms p50 | TPOT ms p50 | TPOT ms p99 | decode tok/s | % of copy bandwidth | output tok/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        print("| {} | {:.0f} | {:.2f} | {:.3f} | {:.3f} | {:.0f} | {:.1f} | {:.0f} |".format(*row))
+    floor = roofline.roofline(loaded.model, 1, prompt.length, args.output_length, bandwidth)
+    print(f"| bandwidth limit ({floor.bytes_per_step / 1e9:.2f} GB/step at {bandwidth[0] / 1e9:.0f} GB/s) | | | "
+          f"{floor.floor_tpot_ms():.3f} | | {1e3 / floor.floor_tpot_ms():.0f} | 100 | |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
