@@ -8,6 +8,9 @@ does, once, in ``finish()``.
 - ``hf``: ``model.generate`` with its default dynamic cache.
 - ``hf-static``: ``model.generate(cache_implementation="static")``; on CUDA it compiles the
   decode step, so its first runs are slow: warm up before timing.
+- ``fast``: `inferlab.fast`: fused Llama, static cache, compiled step, CUDA graphs.
+- ``fast-nocompile``: the same without ``torch.compile`` (graphs of eager kernels): starts in
+  well under a second where compiling takes minutes.
 """
 
 from __future__ import annotations
@@ -87,7 +90,7 @@ class HFGenerateEngine:
         return sequences[:, prompt.length :]
 
 
-ENGINE_NAMES = ("eager", "hf", "hf-static", "fast")
+ENGINE_NAMES = ("eager", "hf", "hf-static", "fast", "fast-nocompile")
 
 
 def make_engine(name: str, model):
@@ -98,8 +101,10 @@ def make_engine(name: str, model):
         return HFGenerateEngine(model)
     if name == "hf-static":
         return HFGenerateEngine(model, "static")
-    if name == "fast":
-        from inferlab.fast import FastEngine
+    if name in ("fast", "fast-nocompile"):
+        from inferlab.fast import FastEngine, FastOptions
 
-        return FastEngine(model)
+        engine = FastEngine(model, FastOptions(compile=False) if name == "fast-nocompile" else None)
+        engine.name = name
+        return engine
     raise UsageError(f"unknown engine {name!r}: use one of {', '.join(ENGINE_NAMES)}")

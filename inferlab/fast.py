@@ -19,7 +19,7 @@ folded into the query-length axis, so attention runs on [B, kvh, g*S, hd] agains
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -33,18 +33,26 @@ from inferlab.sampling import SamplingConfig, warp
 
 @dataclass(frozen=True)
 class FastOptions:
-    """Which optimizations are on. None means: on when the device is CUDA."""
+    """Which optimizations are on. None means: on when the device is CUDA.
+
+    The decode step is compiled with `compile_mode` (autotuned matrix kernels by default: it
+    runs hundreds of times); the prefill runs once per request and uses inductor's default mode.
+    `sdpa=False` writes attention as two matrix products and a softmax that inductor can fuse,
+    instead of calling the fused attention kernel (which is built for long sequences).
+    """
 
     compile: bool | None = None
     graphs: bool | None = None
     compile_mode: str = "max-autotune-no-cudagraphs"
+    coordinate_descent: bool = True
+    sdpa: bool = False
 
     def resolved(self, device: torch.device) -> "FastOptions":
         cuda = device.type == "cuda"
-        return FastOptions(
+        return replace(
+            self,
             compile=cuda if self.compile is None else self.compile,
             graphs=cuda if self.graphs is None else self.graphs,
-            compile_mode=self.compile_mode,
         )
 
 
@@ -92,9 +100,10 @@ class FastLayer(nn.Module):
 class FastLlama(nn.Module):
     """A Llama forward pass over a static KV cache: tokens [B, S] at positions [S] -> logits [B, 1, V]."""
 
-    def __init__(self, hf_model) -> None:
+    def __init__(self, hf_model, sdpa: bool = False) -> None:
         super().__init__()
         check_supported(hf_model)
+        self.sdpa = sdpa
         config = hf_model.config
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -140,7 +149,13 @@ class FastLlama(nn.Module):
         # Fold the g query heads of each KV head into the query axis: [B, kvh, g*S, hd].
         q = q.reshape(B, kvh, g * S, hd)
         mask = (positions[:, None] >= self.arange[None, :]).repeat(g, 1)  # [g*S, T]
-        out = F.scaled_dot_product_attention(q, self.k_cache[index], self.v_cache[index], attn_mask=mask, scale=hd**-0.5)
+        keys, values = self.k_cache[index], self.v_cache[index]
+        if self.sdpa:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=hd**-0.5)
+        else:
+            scores = (q @ keys.transpose(-1, -2)).float() * hd**-0.5  # [B, kvh, g*S, T]
+            probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(values.dtype)
+            out = probs @ values
         out = out.view(B, nh, S, hd).transpose(1, 2).reshape(B, S, nh * hd)
         return F.linear(out, layer.wo)
 
@@ -198,7 +213,7 @@ class FastEngine:
             raise UsageError("the fast engine needs prompts of equal length (no padding): use --engine eager or hf")
         B, S, N = key[:3]
         if self.net is None:
-            self.net = FastLlama(self.hf_model)
+            self.net = FastLlama(self.hf_model, sdpa=self.options.sdpa)
         self.net.setup_cache(B, S + N)
         vocab = self.net.embed.shape[0]
         dev = self.device
@@ -214,7 +229,11 @@ class FastEngine:
 
         prefill, decode = self._prefill_body, self._decode_body
         if self.options.compile:
-            prefill = torch.compile(prefill, mode=self.options.compile_mode, fullgraph=True, dynamic=False)
+            import torch._inductor.config as inductor_config
+
+            # Tunes the launch shape of inductor's own reduction kernels (norms, GEMV epilogues).
+            inductor_config.coordinate_descent_tuning = self.options.coordinate_descent
+            prefill = torch.compile(prefill, mode="default", fullgraph=True, dynamic=False)
             decode = torch.compile(decode, mode=self.options.compile_mode, fullgraph=True, dynamic=False)
         self._prefill, self._decode = prefill, decode
         self._prefill_graph = self._decode_graph = None
