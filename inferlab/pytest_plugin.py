@@ -80,8 +80,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--inferlab-warmup", type=int, default=2, help="warm-up rounds per entry (default 2)")
     group.addoption("--inferlab-inject-delay-ms", type=float, default=0.0,
                     help="add this many ms to every decode step (a known slowdown, to test a gate)")
-    group.addoption("--inferlab-inject-on", choices=("host", "device"), default="host",
-                    help="where the injected delay runs: a host busy-wait (default) or a CUDA sleep kernel")
+    group.addoption("--inferlab-inject-on", choices=("auto", "host", "device"), default="auto",
+                    help="where the injected delay runs: a host busy-wait, a CUDA sleep kernel on the stream, or "
+                         "auto (default): device for engines replaying CUDA graphs (GPU-bound), host otherwise")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -93,6 +94,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--inferlab-warmup must be 0 or more")
     if config.getoption("--inferlab-inject-delay-ms") < 0:
         raise pytest.UsageError("--inferlab-inject-delay-ms must be 0 or more")
+    cases_from_options(config)  # a bad --inferlab-* value stops here, as a usage error, before collection
 
 
 def _cuda_available() -> bool:
@@ -251,6 +253,16 @@ class DelayedClock:
         return self.clock.finish()
 
 
+def inject_where(option: str, engine, device) -> str:
+    """Where a per-step delay lengthens the step: on the host when the host is the bottleneck
+    (eager loops launch kernel by kernel), on the GPU stream when the GPU is (graph replay runs
+    ahead of the host, so a host wait would hide in the queue)."""
+    if option != "auto":
+        return option
+    graphs = bool(getattr(getattr(engine, "options", None), "graphs", False))
+    return "device" if device.type == "cuda" and graphs else "host"
+
+
 def _cuda_cycles_per_ms(device) -> float:
     import torch
 
@@ -291,7 +303,8 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
         clock = clock_for(loaded.device, case.output_length)
         delay = pytestconfig.getoption("--inferlab-inject-delay-ms")
         if delay > 0:
-            clock = DelayedClock(clock, delay, pytestconfig.getoption("--inferlab-inject-on"), loaded.device)
+            where = inject_where(pytestconfig.getoption("--inferlab-inject-on"), engine, loaded.device)
+            clock = DelayedClock(clock, delay, where, loaded.device)
         generator = torch.Generator(device=loaded.device).manual_seed(0)
         runs = []
 
