@@ -60,8 +60,15 @@ def _add_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, default=Path("results"), help="results folder (default ./results)")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument is one line (no usage block), like every other inferlab error."""
+
+    def error(self, message: str):
+        self.exit(2, f"inferlab: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inferlab", description="See how a causal LM generates text, and measure it.")
+    parser = _Parser(prog="inferlab", description="See how a causal LM generates text, and measure it.")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     commands.add_parser("env", help="CUDA, devices, memory and library versions")
@@ -255,6 +262,7 @@ def cmd_sweep(args) -> int:
         warmup_runs=args.warmup, runs=args.runs, seed=args.seed, sampling=_sampling(args),
     )
     loaded = _load(args)
+    sweep.check_all_fit(loaded, config)  # before the folder exists: a refused sweep leaves nothing behind
     folder = new_run_folder(args.out, "sweep")
     try:
         report = sweep.run_sweep(loaded, config, folder, _bandwidth(loaded, args.no_probe), sweep.TqdmProgress())

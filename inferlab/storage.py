@@ -13,13 +13,18 @@ from inferlab.errors import UsageError
 
 def write_text_atomic(path: Path, text: str, overwrite: bool = False) -> Path:
     """Write `text` to `path` through a temporary file and a rename; refuse to replace a file unless `overwrite`."""
+    return write_bytes_atomic(path, text.encode("utf-8"), overwrite)
+
+
+def write_bytes_atomic(path: Path, data: bytes, overwrite: bool = False) -> Path:
+    """Write `data` to `path` through a temporary file and a rename; refuse to replace a file unless `overwrite`."""
     path = Path(path)
     if path.exists() and not overwrite:
         raise UsageError(f"{path} exists and is kept: choose another output path")
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         if overwrite:

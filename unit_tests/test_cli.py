@@ -98,3 +98,11 @@ def test_generate_verbose_prints_each_step_then_the_answer(capsys):
 def test_generate_with_an_empty_prompt_is_refused(capsys):
     code, _, err = run(capsys, "generate", "smollm2-135m", "--device", "cpu", "--prompt", "  ")
     assert_one_line_error(code, err, "empty prompt")
+
+
+def test_a_bad_argument_is_one_line_too(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["sweep", "tiny-random", "--runs", "0"])
+    _, err = capsys.readouterr()
+    assert exit_info.value.code == 2
+    assert err.splitlines() == ["inferlab: error: argument --runs: expected a positive integer, got 0 (see inferlab sweep --help)"]

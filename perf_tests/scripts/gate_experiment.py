@@ -1,0 +1,374 @@
+"""Does `inferlab gate` beat pytest-benchmark's single-run threshold? A/A false alarms and injected-slowdown detection.
+
+    PYTHONPATH=. python perf_tests/scripts/gate_experiment.py --out results/gate-cpu            # CPU, ~25 min
+    PYTHONPATH=. python perf_tests/scripts/gate_experiment.py --out results/gate-h200 --device cuda \\
+        --engines eager --model tinyllama-1.1b-random --output-lengths 32,128
+
+Every measurement is one pytest process on the perf tests (CPU: perf_tests/test_decode_cpu.py,
+the tiny-random cases, -m "perf and not slow"; CUDA: perf_tests/test_decode_gpu.py, -m gpu),
+saved with --benchmark-json and --benchmark-save-data into OUT/runs/. Slowdowns are injected
+with the plugin's --inferlab-inject-delay-ms, a fixed delay added to every decode step (a host
+busy-wait for host-bound engines, a CUDA sleep kernel on the stream for engines replaying CUDA
+graphs: --inferlab-inject-on auto), so TPOT grows by that delay, e2e by
+(n - 1) x delay, and TTFT not at all.
+
+1. Calibration: --calibration-runs runs of the unchanged code. Their TPOT entries' medians give
+   the reference TPOT that turns 5% and 10% into delays in ms; their spread gives a calibrated
+   run_noise (the largest per-benchmark `gate.estimate_run_noise`). No evaluation run is used
+   for either.
+2. Evaluation: --pairs blocks of four runs, A and A2 (unchanged), H5 and H10 (delay for 5% and
+   10% of the reference TPOT). Block order alternates A H5 A2 H10 / H10 A2 H5 A (ABBA), so a
+   slow drift of the machine does not favour base or head. Each block gives one A/A pair
+   (A, A2), one 5% pair (A, H5) and one 10% pair (A2, H10); pairs of one kind share no run.
+3. Each pair is judged by pytest-benchmark's rule (--benchmark-compare-fail=median:T%), by the
+   gate (default run_noise and calibrated run_noise), and by the gate's intervals with the
+   point-estimate FAIL rule (low > 1 and ratio >= 1 + T) for comparison; also by the gate on
+   two runs per side (two consecutive blocks).
+
+Reported: false alarms per suite (fraction of A/A pairs with any FAIL), detection rate on the
+TPOT entries at 5% and 10% (and the fraction of pairs with any TPOT entry failing), and the
+INCONCLUSIVE rates. Resumable: run again with --resume and the same --out; finished runs are
+kept, never overwritten; the plan (delays, settings) is fixed in OUT/plan.json at the start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from inferlab import gate  # noqa: E402
+from inferlab.errors import UsageError  # noqa: E402
+from inferlab.storage import write_json_atomic  # noqa: E402
+
+INJECTED = (0.05, 0.10)
+BLOCK = ("A", "H5", "A2", "H10")  # reversed on odd blocks
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every pytest process of the experiment runs."""
+
+    device: str
+    engines: str | None
+    model: str | None
+    dtype: str | None
+    output_lengths: str | None
+    select: str | None
+    rounds: int
+    warmup: int
+    threads: int | None
+
+    @property
+    def test_file(self) -> str:
+        return "perf_tests/test_decode_gpu.py" if self.device.startswith("cuda") else "perf_tests/test_decode_cpu.py"
+
+    @property
+    def marker(self) -> str:
+        return "gpu" if self.device.startswith("cuda") else "perf and not slow"
+
+
+def pytest_command(setup: Setup, json_path: Path, delay_ms: float) -> list[str]:
+    """The pytest command line for one run saving to `json_path` with `delay_ms` added per decode step."""
+    command = [sys.executable, "-m", "pytest", setup.test_file, "-m", setup.marker, "-p", "no:cacheprovider", "-q",
+               "--benchmark-json", str(json_path), "--benchmark-save-data",
+               "--inferlab-device", setup.device, "--inferlab-rounds", str(setup.rounds),
+               "--inferlab-warmup", str(setup.warmup), "--inferlab-inject-delay-ms", f"{delay_ms:.6f}",
+               "--inferlab-inject-on", "auto"]  # host for host-bound engines, the GPU stream for graph replay
+    for option, value in (("--inferlab-engines", setup.engines), ("--inferlab-model", setup.model),
+                          ("--inferlab-dtype", setup.dtype), ("--inferlab-output-lengths", setup.output_lengths),
+                          ("-k", setup.select)):
+        if value:
+            command += [option, value]
+    return command
+
+
+def busy_cpu_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (user, nice, system, irq, softirq), from /proc/stat."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except OSError:
+        return float("nan")  # not Linux: interference is not measured
+    return (fields[0] + fields[1] + fields[2] + fields[5] + fields[6]) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def other_cores(seconds: float) -> float:
+    """Cores kept busy by other processes over the next `seconds` (this script sleeps meanwhile)."""
+    before = busy_cpu_s()
+    time.sleep(seconds)
+    return (busy_cpu_s() - before) / seconds
+
+
+def wait_for_quiet(max_wait_s: float, limit_cores: float) -> float:
+    """Wait (at most max_wait_s) until other processes use < limit_cores; the seconds waited."""
+    start = time.perf_counter()
+    while max_wait_s > 0 and other_cores(2.0) >= limit_cores and time.perf_counter() - start < max_wait_s:
+        time.sleep(8.0)
+    return time.perf_counter() - start
+
+
+def run_pytest(setup: Setup, path: Path, delay_ms: float, options: argparse.Namespace) -> gate.Run:
+    """One pytest process saving to `path` (and its interference to `path`.meta); a saved run is loaded instead."""
+    if path.exists():
+        return gate.load_run(path)
+    partial = path.with_name(f".partial-{path.name}")
+    partial.unlink(missing_ok=True)  # ours, from an interrupted run
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    if setup.threads:
+        env.update(OMP_NUM_THREADS=str(setup.threads), MKL_NUM_THREADS=str(setup.threads))
+    waited = wait_for_quiet(options.quiet_wait_s, options.quiet_cores)
+    start, busy, ours = time.perf_counter(), busy_cpu_s(), children_cpu_s()
+    done = subprocess.run(pytest_command(setup, partial, delay_ms), cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=options.run_timeout_s)
+    wall = time.perf_counter() - start
+    # Everything the machine did during the run that was not this run: other users' jobs.
+    other = (busy_cpu_s() - busy) - (children_cpu_s() - ours)
+    if done.returncode != 0 or not partial.exists():
+        tail = "\n".join((done.stdout + done.stderr).splitlines()[-15:])
+        raise RuntimeError(f"pytest for {path.name} exited with {done.returncode}:\n{tail}")
+    meta = {"wall_s": wall, "other_cpu_s": other, "other_cores": other / wall, "waited_for_quiet_s": waited,
+            "delay_ms": delay_ms, "finished": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    write_json_atomic(path.with_suffix(".meta.json"), meta)
+    os.link(partial, path)  # never replaces a finished run
+    partial.unlink()
+    print(f"  {path.name}: {wall:.0f} s, other processes {other / wall:.2f} cores, waited {waited:.0f} s", flush=True)
+    return gate.load_run(path)
+
+
+def block_labels(index: int) -> tuple[str, ...]:
+    """A H5 A2 H10 on even blocks, reversed on odd ones (ABBA against drift)."""
+    return BLOCK if index % 2 == 0 else tuple(reversed(BLOCK))
+
+
+def tpot_names(run: gate.Run) -> list[str]:
+    return [s.fullname for s in run.series if s.metric == "tpot_ms"]
+
+
+def reference_tpot_ms(runs: list[gate.Run]) -> float:
+    """Median over TPOT entries of each entry's median (over runs) of run medians."""
+    names = tpot_names(runs[0])
+    if not names:
+        raise UsageError("no tpot_ms benchmark in the calibration runs: include TPOT in --inferlab-metrics")
+    return float(np.median([np.median([run.get(n).median_ms for run in runs]) for n in names]))
+
+
+def point_rule(row: gate.Row) -> str:
+    """The alternative rule: FAIL if low > 1 and ratio >= 1 + t; PASS if high < 1 + t; else INCONCLUSIVE."""
+    if row.ci_low > 1 and row.ratio >= 1 + row.threshold:
+        return gate.FAIL
+    return gate.PASS if row.ci_high < 1 + row.threshold else gate.INCONCLUSIVE
+
+
+def judge(base: list[gate.Run], head: list[gate.Run], threshold: float, confidence: float,
+          noises: dict[str, float]) -> dict[str, dict[str, str]]:
+    """method -> {fullname: verdict} for one pair (several runs per side allowed, except for pytest-benchmark)."""
+    verdicts = {}
+    if len(base) == 1:
+        fails = gate.pytest_benchmark_style(base[0], head[0], threshold)
+        verdicts["pytest-benchmark median"] = {n: gate.FAIL if f else gate.PASS for n, f in fails.items()}
+    for label, noise in noises.items():
+        report = gate.compare(base, head, {"default": threshold}, confidence=confidence, run_noise=noise)
+        verdicts[f"gate run_noise={label}"] = {row.fullname: row.verdict for row in report.rows}
+        verdicts[f"point rule run_noise={label}"] = {row.fullname: point_rule(row) for row in report.rows}
+        verdicts[f"ratio run_noise={label}"] = {row.fullname: row.ratio for row in report.rows}
+    return verdicts
+
+
+def rates(pairs: list[dict[str, dict[str, str]]], method: str, entries: list[str]) -> dict[str, float]:
+    """Fractions over pairs: any FAIL in the suite, suite INCONCLUSIVE, and FAIL / INCONCLUSIVE among `entries`."""
+    suites = [gate.suite_verdict(list(p[method].values())) for p in pairs]
+    chosen = [p[method][n] for p in pairs for n in entries]
+    return {
+        "pairs": len(pairs),
+        "suite_fail": suites.count(gate.FAIL) / len(pairs),
+        "suite_inconclusive": suites.count(gate.INCONCLUSIVE) / len(pairs),
+        "suite_pass": suites.count(gate.PASS) / len(pairs),
+        "entries_fail": chosen.count(gate.FAIL) / len(chosen),
+        "entries_inconclusive": chosen.count(gate.INCONCLUSIVE) / len(chosen),
+        "pairs_any_entry_fail": float(np.mean([any(p[method][n] == gate.FAIL for n in entries) for p in pairs])),
+    }
+
+
+def kind_rates(judged: dict[str, list], methods: list[str], names: list[str], tpot: list[str], ttft: list[str]) -> dict:
+    """method -> {A/A, 5%, 10%, and TTFT in injected pairs} -> rates."""
+    return {method: {"A/A": rates(judged["A/A"], method, names),
+                     "5%": rates(judged["5%"], method, tpot), "10%": rates(judged["10%"], method, tpot),
+                     "5% TTFT (unaffected)": rates(judged["5%"], method, ttft),
+                     "10% TTFT (unaffected)": rates(judged["10%"], method, ttft)}
+            for method in methods}
+
+
+def analyse(plan: dict, calibration: list[gate.Run], blocks: list[dict[str, gate.Run]], quiet: list[dict[str, bool]],
+            confidence: float) -> dict:
+    """Every pair judged by every method, and the rates the table shows (all pairs; and pairs of two quiet runs)."""
+    noises = {"default": gate.DEFAULT_RUN_NOISE, "calibrated": plan["calibrated_run_noise"]}
+    threshold = plan["threshold"]
+    names = list(calibration[0].names)
+    tpot = tpot_names(calibration[0])
+    ttft = [s.fullname for s in calibration[0].series if s.metric == "ttft_ms"]
+    kinds = {"A/A": ("A", "A2"), "5%": ("A", "H5"), "10%": ("A2", "H10")}
+    judged = {kind: [judge([b[base]], [b[head]], threshold, confidence, noises) for b in blocks]
+              for kind, (base, head) in kinds.items()}
+    methods = [m for m in judged["A/A"][0] if not m.startswith("ratio")]
+    table = kind_rates(judged, methods, names, tpot, ttft)
+    two = {kind: [judge([blocks[i][base], blocks[i + 1][base]], [blocks[i][head], blocks[i + 1][head]], threshold,
+                        confidence, {"calibrated": noises["calibrated"]})
+                  for i in range(0, len(blocks) - 1, 2)]
+           for kind, (base, head) in kinds.items()}
+    if two["A/A"]:
+        two_methods = [m for m in two["A/A"][0] if not m.startswith("ratio")]
+        table.update({f"{m}, 2 runs per side": r for m, r in kind_rates(two, two_methods, names, tpot, ttft).items()})
+    calm = {kind: [p for p, q in zip(judged[kind], quiet) if q[base] and q[head]] for kind, (base, head) in kinds.items()}
+    if all(calm.values()):
+        main_methods = ["pytest-benchmark median", "gate run_noise=default", "gate run_noise=calibrated"]
+        table.update({f"{m}, quiet pairs only": r for m, r in kind_rates(calm, main_methods, names, tpot, ttft).items()})
+    base_tpot = {n: float(np.median([b[k].get(n).median_ms for b in blocks for k in ("A", "A2")])) for n in tpot}
+    realised = {kind: {n: float(np.median([p["ratio run_noise=default"][n] for p in judged[kind]])) for n in names}
+                for kind in kinds}
+    return {"table": table, "base_tpot_ms": base_tpot,
+            "nominal_tpot_slowdown": {f"{int(100 * f)}%": {n: plan["delays_ms"][f"{int(100 * f)}%"] / base_tpot[n] for n in tpot}
+                                      for f in INJECTED},
+            "median_ratio_per_kind": realised}
+
+
+def format_table(summary: dict) -> str:
+    """Markdown: one line per method."""
+    lines = ["| method | A/A: suites with a FAIL | A/A: suites INCONCLUSIVE | A/A: entries FAIL | "
+             "5%: TPOT entries FAIL | 5%: TPOT INCONCL. | 5%: suites with a TPOT FAIL | "
+             "10%: TPOT entries FAIL | 10%: TPOT INCONCL. | 10%: suites with a TPOT FAIL | TTFT FAIL in injected pairs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
+    for method, r in summary["table"].items():
+        ttft_fail = (r["5% TTFT (unaffected)"]["entries_fail"] + r["10% TTFT (unaffected)"]["entries_fail"]) / 2
+        lines.append(
+            f"| {method} (n={r['A/A']['pairs']}) | {pct(r['A/A']['suite_fail'])} | {pct(r['A/A']['suite_inconclusive'])} | "
+            f"{pct(r['A/A']['entries_fail'])} | {pct(r['5%']['entries_fail'])} | {pct(r['5%']['entries_inconclusive'])} | "
+            f"{pct(r['5%']['pairs_any_entry_fail'])} | {pct(r['10%']['entries_fail'])} | "
+            f"{pct(r['10%']['entries_inconclusive'])} | {pct(r['10%']['pairs_any_entry_fail'])} | {pct(ttft_fail)} |"
+        )
+    return "\n".join(lines)
+
+
+def make_plan(args, setup: Setup, calibration: list[gate.Run]) -> dict:
+    reference = reference_tpot_ms(calibration)
+    noise = gate.estimate_run_noise(calibration)
+    return {
+        "setup": asdict(setup),
+        "threshold": args.threshold,
+        "reference_tpot_ms": reference,
+        "delays_ms": {f"{int(100 * f)}%": f * reference for f in INJECTED},
+        "run_noise_per_benchmark": noise,
+        "calibrated_run_noise": max(noise.values()),
+        "calibration_runs": len(calibration),
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(sys.argv),
+    }
+
+
+def environment(run: gate.Run) -> dict:
+    return {"machine": dict(run.machine), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "python": platform.python_version()}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="a new folder (or an earlier one with --resume)")
+    parser.add_argument("--resume", action="store_true", help="continue the experiment in an existing --out")
+    parser.add_argument("--pairs", type=int, default=20, help="evaluation blocks: each one A/A, one 5%% and one 10%% pair")
+    parser.add_argument("--calibration-runs", type=int, default=8)
+    parser.add_argument("--time-budget-s", type=float, default=0, help="start no new block after this long (0: none)")
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for the GPU tests")
+    parser.add_argument("--engines", default=None, help="CUDA: --inferlab-engines (default eager); the CPU file has fixed cases")
+    parser.add_argument("--model", default=None, help="--inferlab-model (default: the tests' own)")
+    parser.add_argument("--dtype", default=None, help="--inferlab-dtype")
+    parser.add_argument("--output-lengths", default=None, help="CUDA: --inferlab-output-lengths (default 32,128)")
+    parser.add_argument("-k", dest="select", default=None, help="pytest -k expression to narrow the cases")
+    parser.add_argument("--rounds", type=int, default=20, help="--inferlab-rounds (default 20)")
+    parser.add_argument("--warmup", type=int, default=2, help="--inferlab-warmup (default 2)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="OMP/MKL threads of each pytest process (default 1 on CPU: see docs/perf/gate-cpu.md)")
+    parser.add_argument("--threshold", type=float, default=0.05, help="the slowdown that counts, as a fraction (default 0.05)")
+    parser.add_argument("--confidence", type=float, default=0.95)
+    parser.add_argument("--run-timeout-s", type=float, default=600)
+    parser.add_argument("--quiet-wait-s", type=float, default=300,
+                        help="before each run, wait up to this long for other processes to go quiet (0: never wait)")
+    parser.add_argument("--quiet-cores", type=float, default=0.2, help="quiet: other processes use fewer cores than this")
+    args = parser.parse_args()
+    if args.out.exists() and not args.resume:
+        parser.error(f"{args.out} exists: choose a new --out, or pass --resume to continue that experiment")
+    if args.pairs < 1 or args.calibration_runs < 2:
+        parser.error("--pairs must be >= 1 and --calibration-runs >= 2")
+    return args
+
+
+def main() -> int:
+    args = parse_args()
+    start = time.perf_counter()
+    cuda = args.device.startswith("cuda")
+    setup = Setup(args.device, (args.engines or "eager") if cuda else args.engines, args.model, args.dtype,
+                  (args.output_lengths or "32,128") if cuda else args.output_lengths, args.select, args.rounds,
+                  args.warmup, args.threads if args.threads is not None else (None if cuda else 1))
+    runs_dir = args.out / "runs"
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    plan_path = args.out / "plan.json"
+    if plan_path.exists():
+        plan = json.loads(plan_path.read_text())
+        setup = Setup(**plan["setup"])  # a resumed experiment keeps its first settings
+        print(f"resuming {args.out}: settings and delays from {plan_path}", flush=True)
+    print(f"calibration: {args.calibration_runs} runs of the unchanged code", flush=True)
+    calibration = [run_pytest(setup, runs_dir / f"cal-{i:02d}.json", 0.0, args)
+                   for i in range(args.calibration_runs)]
+    if not plan_path.exists():
+        plan = make_plan(args, setup, calibration)
+        write_json_atomic(plan_path, plan)
+    delays = {"A": 0.0, "A2": 0.0, "H5": plan["delays_ms"]["5%"], "H10": plan["delays_ms"]["10%"]}
+    print(f"reference TPOT {plan['reference_tpot_ms']:.4f} ms -> delays {plan['delays_ms']}; "
+          f"calibrated run_noise {plan['calibrated_run_noise']:.4f}", flush=True)
+    blocks = []
+    for index in range(args.pairs):
+        if args.time_budget_s and time.perf_counter() - start > args.time_budget_s:
+            print(f"time budget reached after {index} blocks", flush=True)
+            break
+        print(f"block {index}: {' '.join(block_labels(index))}", flush=True)
+        blocks.append({label: run_pytest(setup, runs_dir / f"b{index:02d}-{label}.json", delays[label], args)
+                       for label in block_labels(index)})
+    if not blocks:
+        print("no evaluation block finished: raise --time-budget-s", file=sys.stderr)
+        return 1
+    metas = {path.name.removesuffix(".meta.json"): json.loads(path.read_text()) for path in runs_dir.glob("*.meta.json")}
+    quiet = [{label: metas.get(f"b{i:02d}-{label}", {}).get("other_cores", 1.0) < args.quiet_cores for label in BLOCK}
+             for i in range(len(blocks))]
+    summary = {"plan": plan, "environment": environment(calibration[0]), "blocks": len(blocks),
+               "confidence": args.confidence, **analyse(plan, calibration, blocks, quiet, args.confidence),
+               "interference_other_cores": {label: meta["other_cores"] for label, meta in sorted(metas.items())},
+               "run_medians_ms": {path.stem: {s.name: s.median_ms for s in gate.load_run(path).series}
+                                  for path in sorted(runs_dir.glob("*.json")) if not path.name.endswith(".meta.json")},
+               "wall_s": time.perf_counter() - start}
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    saved = write_json_atomic(args.out / f"summary-{stamp}.json", summary)
+    print()
+    print(format_table(summary))
+    print(f"\nsaved {saved}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
