@@ -5,7 +5,8 @@
   output lengths x metrics, chosen by command-line options (no test edits needed).
 - ``decode_benchmark``: runs one case with ``benchmark.pedantic``. Each metric (TTFT, TPOT,
   total latency) is its own benchmark entry, so ``--benchmark-compare-fail`` and
-  ``inferlab gate`` judge each one separately.
+  ``inferlab gate`` judge each one separately. The requests are measured once per case, by
+  the first of its metrics to run; the other metrics' rounds replay those same requests.
 - The timer: pytest-benchmark reads ``timer()`` before and after each round and subtracts.
   `MetricClock` is a virtual clock that advances, inside the round, by the metric measured
   with CUDA events (after the run's single synchronize), so the difference is exactly that
@@ -73,7 +74,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--inferlab-device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
     group.addoption("--inferlab-engines", default="eager,hf", help="comma-separated engines (default eager,hf)")
     group.addoption("--inferlab-output-lengths", default="10,50,100,500", help="comma-separated (default 10,50,100,500)")
-    group.addoption("--inferlab-prompt-lengths", default="128", help="comma-separated (default 128)")
+    group.addoption("--inferlab-prompt-lengths", default="128,512", help="comma-separated (default 128,512)")
     group.addoption("--inferlab-batch-sizes", default="1", help="comma-separated (default 1)")
     group.addoption("--inferlab-metrics", default=",".join(METRICS), help="comma-separated subset of ttft_ms,tpot_ms,e2e_ms")
     group.addoption("--inferlab-rounds", type=int, default=10, help="measured rounds per entry (default 10)")
@@ -202,6 +203,9 @@ class _Models:
         self.session = session
         self._models: dict = {}
         self._engines: dict = {}
+        # (model, engine, batch, prompt, output, rounds, warm-up) -> the requests measured for the
+        # first metric of that case; its other metrics replay them (same requests, own series).
+        self.recorded: dict = {}
 
     def model(self, name: str):
         from inferlab.models import load_model
@@ -305,16 +309,22 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
         if delay > 0:
             where = inject_where(pytestconfig.getoption("--inferlab-inject-on"), engine, loaded.device)
             clock = DelayedClock(clock, delay, where, loaded.device)
+        key = (name, case.engine, case.batch_size, case.prompt_length, case.output_length, rounds, warmup)
+        recorded = inferlab_models.recorded.get(key)
         generator = torch.Generator(device=loaded.device).manual_seed(0)
         runs = []
 
         def one_round() -> None:
-            run = run_once(engine, prompt, decode, generator, clock, loaded.device)
+            if recorded is not None:  # another metric of this case already measured these requests
+                run = recorded[len(runs)]
+            else:
+                run = run_once(engine, prompt, decode, generator, clock, loaded.device)
             runs.append(run)
             value = getattr(run, case.metric)
             METRIC_CLOCK.advance(value if value is not None else 0.0)
 
         benchmark.pedantic(one_round, rounds=rounds, warmup_rounds=warmup, iterations=1)
+        inferlab_models.recorded.setdefault(key, tuple(runs))
         measured = runs[warmup:]
         summary = summarize(measured, case.batch_size)
         benchmark.extra_info.update(

@@ -64,6 +64,10 @@ def test_autosave_writes_one_entry_per_metric_with_raw_rounds_and_the_fingerprin
         summary = bench["extra_info"][bench["extra_info"]["metric"]]
         # the entry's own series is that metric, in seconds
         assert bench["stats"]["median"] * 1e3 == pytest.approx(summary["p50"], rel=1e-6)
+    # The three series are the same five requests: TPOT_i = (E2E_i - TTFT_i) / (N - 1) round by round.
+    data = {b["extra_info"]["metric"]: b["stats"]["data"] for b in run["benchmarks"]}
+    for ttft, tpot, e2e in zip(data["ttft_ms"], data["tpot_ms"], data["e2e_ms"]):
+        assert tpot == pytest.approx((e2e - ttft) / (6 - 1), rel=1e-6)
 
 
 def test_compare_fail_catches_an_injected_regression(suite):
