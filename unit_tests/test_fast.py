@@ -1,0 +1,122 @@
+"""The fast engine: same logits as transformers, same greedy tokens as the eager loop, seeded
+sampling that draws from the warped distribution; on the CPU without CUDA graphs."""
+
+import pytest
+import torch
+
+from inferlab.decode import DecodeConfig, generate
+from inferlab.engines import make_engine
+from inferlab.errors import UsageError
+from inferlab.fast import FastEngine, FastLlama, FastOptions, pick
+from inferlab.prompts import from_ids, random_prompt
+from inferlab.sampling import SamplingConfig
+from inferlab.timing import HostClock
+
+CPU = torch.device("cpu")
+CPU_EAGER = FastOptions(compile=False, graphs=False)
+
+
+def prompt_of(model, length, batch=1, seed=0):
+    return random_prompt(model.config.vocab_size, length, batch, torch.Generator().manual_seed(seed), CPU)
+
+
+@torch.inference_mode()
+def test_logits_equal_transformers_at_prefill_and_every_cached_step(tiny):
+    prompt = prompt_of(tiny.model, 7, batch=2)
+    net = FastLlama(tiny.model)
+    net.setup_cache(2, 7 + 5)
+    ids = prompt.input_ids
+    for step in range(5):
+        positions = torch.arange(7 + step) if step == 0 else torch.tensor([7 + step - 1])
+        ours = net(ids if step == 0 else ids[:, -1:], positions)[:, -1]
+        theirs = tiny.model(input_ids=ids).logits[:, -1].float()  # full recompute, no cache
+        # fp32, same math in another order (fused matrices, folded GQA): rounding-level differences.
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+        ids = torch.cat([ids, theirs.argmax(-1, keepdim=True)], dim=1)
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_tokens_equal_the_eager_loop(tiny, batch):
+    prompt = prompt_of(tiny.model, 9, batch)
+    config = DecodeConfig(24, ignore_eos=True)
+    eager = generate(tiny.model, prompt, config).tokens
+    fast = FastEngine(tiny.model, CPU_EAGER).run(prompt, config, None, HostClock())
+    assert torch.equal(fast, eager)
+
+
+def test_one_token_is_stamped_per_step(tiny):
+    prompt, config, clock = prompt_of(tiny.model, 4), DecodeConfig(6, ignore_eos=True), HostClock()
+    FastEngine(tiny.model, CPU_EAGER).run(prompt, config, None, clock)
+    assert len(clock.finish()) == 6
+
+
+def test_seeded_sampling_repeats_with_the_seed_and_changes_without_it(tiny):
+    prompt = prompt_of(tiny.model, 5)
+    config = DecodeConfig(16, SamplingConfig(greedy=False, temperature=1.5, top_k=100, top_p=0.95), ignore_eos=True)
+    engine = FastEngine(tiny.model, CPU_EAGER)
+
+    def draw(seed):
+        return engine.run(prompt, config, torch.Generator().manual_seed(seed), HostClock())
+
+    assert torch.equal(draw(1), draw(1))
+    assert not torch.equal(draw(1), draw(2))
+
+
+def test_the_exponential_race_draws_from_the_warped_distribution():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    sampling = SamplingConfig(greedy=False, top_k=3)  # top-k drops the 0.05 token; the rest renormalise
+    generator = torch.Generator().manual_seed(0)
+    draws = 40_000
+    picks = torch.stack([pick(logits, sampling, torch.rand(1, 4, generator=generator)) for _ in range(draws)])
+    frequency = torch.bincount(picks.flatten(), minlength=4).double() / draws
+    expected = torch.tensor([0.5, 0.3, 0.15, 0.0], dtype=torch.double) / 0.95
+    # 4 standard errors of a frequency near 0.5 with 40k draws is 0.01
+    torch.testing.assert_close(frequency, expected, atol=0.01, rtol=0)
+
+
+def test_greedy_pick_is_argmax():
+    logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])
+    assert pick(logits, SamplingConfig(), None).tolist() == [1, 0]
+
+
+def test_padded_prompts_and_cpu_graphs_are_refused_with_a_reason(tiny):
+    with pytest.raises(UsageError, match="CUDA graphs need a CUDA device"):
+        FastEngine(tiny.model, FastOptions(compile=False, graphs=True))
+    padded = from_ids([[5, 6, 7], [8]], 0, CPU)
+    with pytest.raises(UsageError, match="prompts of equal length"):
+        FastEngine(tiny.model, CPU_EAGER).run(padded, DecodeConfig(2, ignore_eos=True), None, HostClock())
+
+
+def test_non_llama_models_are_refused():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    with pytest.raises(UsageError, match="supports Llama-architecture models, not 'gpt2'"):
+        FastEngine(GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)))
+
+
+def test_engine_names_choose_compilation(tiny):
+    assert make_engine("fast-nocompile", tiny.model).options.compile is False
+    assert make_engine("fast", tiny.model).options.compile is False  # CPU: compile only on CUDA by default
+    assert make_engine("fast", tiny.model).name == "fast"
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inductor's CPU backend uses torch.jit internally
+def test_compiled_on_cpu_gives_the_eager_loops_tokens(tiny):
+    prompt, config = prompt_of(tiny.model, 6), DecodeConfig(8, ignore_eos=True)
+    compiled = FastEngine(tiny.model, FastOptions(compile=True, graphs=False, compile_mode="default"))
+    assert torch.equal(compiled.run(prompt, config, None, HostClock()), generate(tiny.model, prompt, config).tokens)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replay_gives_the_eager_loops_tokens():
+    from inferlab.models import load_model
+    from inferlab.timing import CudaEventClock
+
+    device = torch.device("cuda")
+    loaded = load_model("tiny-random", device, torch.float32)
+    prompt = random_prompt(512, 16, 2, torch.Generator().manual_seed(0), device)
+    config = DecodeConfig(16, ignore_eos=True)
+    engine = FastEngine(loaded.model, FastOptions(compile=False, graphs=True))
+    fast = engine.run(prompt, config, None, CudaEventClock(device, 16))
+    assert torch.equal(fast, generate(loaded.model, prompt, config).tokens)
