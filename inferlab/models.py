@@ -47,21 +47,12 @@ TINYLLAMA_CONFIG = dict(
     eos_token_id=2,
 )
 
-TINY_RANDOM_CONFIG = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    rms_norm_eps=1e-5,
-    rope_theta=10000.0,
-    hidden_act="silu",
-    tie_word_embeddings=False,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+# The same kind of model, small enough for tests: 2 layers, GQA with 2 query heads per KV head.
+TINY_RANDOM_CONFIG = {
+    **TINYLLAMA_CONFIG,
+    **dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+           num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512),
+}
 
 OFFLINE_MODELS = ("smollm2-135m", "tinyllama-1.1b-random", "tiny-random")
 
