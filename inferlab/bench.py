@@ -164,6 +164,7 @@ def run_benchmark(
     decode = decode_config(loaded, config)
     generator = torch.Generator(device=device).manual_seed(config.seed)
 
+    check_engine_layout(config.engine, loaded.layout)
     prepare_start = time.perf_counter()
     engine = engine or make_engine(config.engine, loaded.model)
     if hasattr(engine, "prepare"):
@@ -171,13 +172,14 @@ def run_benchmark(
     synchronize(device)
     prepare_ms = (time.perf_counter() - prepare_start) * 1e3
 
-    clock = clock_for(device, config.output_length, config.per_token_events)
+    timed = loaded.output_device  # each step ends at the LM head: on the last GPU of a pipeline
+    clock = clock_for(timed, config.output_length, config.per_token_events)
     warmups = []
     for _ in range(config.warmup_runs):
-        warmups.append(run_once(engine, prompt, decode, generator, clock, device).e2e_ms)
+        warmups.append(run_once(engine, prompt, decode, generator, clock, timed).e2e_ms)
     runs = []
     for index in range(config.runs):
-        runs.append(run_once(engine, prompt, decode, generator, clock, device))
+        runs.append(run_once(engine, prompt, decode, generator, clock, timed))
         if on_run is not None:
             on_run(index)
     return BenchResult(
@@ -186,9 +188,28 @@ def run_benchmark(
         runs=tuple(runs),
         warmup_e2e_ms=tuple(warmups),
         prepare_ms=prepare_ms,
-        roofline=roofline.roofline(loaded.model, prompt.batch_size, prompt.length, config.output_length, bandwidth),
+        roofline=roofline.roofline(loaded.model, prompt.batch_size, prompt.length, config.output_length,
+                                   layout_bandwidth(bandwidth, loaded.layout)),
         prompt_length=prompt.length,
     )
+
+
+SPLIT_ENGINES = ("eager", "hf", "hf-static")
+
+
+def layout_bandwidth(bandwidth: tuple[float | None, str], layout) -> tuple[float | None, str]:
+    """The bandwidth a step can use: N GPUs read their shards at once under tensor parallelism;
+    a pipeline's GPUs take their turns within a step, so one GPU's bandwidth bounds it."""
+    value, source = bandwidth
+    if layout.kind != "tp" or value is None:
+        return bandwidth
+    return value * layout.devices, f"{source} x {layout.devices} GPUs"
+
+
+def check_engine_layout(engine: str, layout) -> None:
+    """UsageError for an engine that cannot run a model split across devices."""
+    if layout.kind != "single" and engine not in SPLIT_ENGINES:
+        raise UsageError(f"engine {engine!r} runs on one device; with --layout {layout} use {', '.join(SPLIT_ENGINES)}")
 
 
 def make_fingerprint(loaded: LoadedModel, config: BenchConfig, prompt_length: int) -> dict:
@@ -204,7 +225,8 @@ def make_fingerprint(loaded: LoadedModel, config: BenchConfig, prompt_length: in
         "prompt_length": prompt_length,
         "batch_size": config.batch_size,
         "output_length": config.output_length,
-        "layout": "single",
+        "layout": str(loaded.layout),
+        "layout_devices": loaded.layout.devices,
     }
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -53,6 +54,9 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_bench_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--layout", default="single",
+                        help="single (default), tp:N (tensor parallel over N GPUs, launched with torchrun) "
+                             "or pipeline:N (consecutive layers on N GPUs, accelerate device_map)")
     parser.add_argument("--warmup", type=_non_negative_int, default=2, help="warm-up runs, not recorded (default 2)")
     parser.add_argument("--runs", type=_positive_int, default=5, help="measured runs (default 5)")
     parser.add_argument("--no-probe", action="store_true", help="use the datasheet bandwidth instead of measuring a device copy")
@@ -149,17 +153,22 @@ def _sampling(args):
 
 
 def _load(args, default: bool = False):
+    from inferlab import layouts
     from inferlab.dtypes import resolve_device, resolve_dtype
     from inferlab.models import default_model, load_model
 
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the CLI prints its own one-line status
+    layout = layouts.parse_layout(getattr(args, "layout", None))
     device = resolve_device(args.device)
+    if layouts.is_launched_worker():
+        device = layouts.worker_device(device)
     dtype = resolve_dtype(args.dtype, device)
     name = args.model if args.model is not None else default_model(device)
-    print(f"loading {name} on {device} in {str(dtype).replace('torch.', '')} ...", file=sys.stderr)
-    return load_model(name, device, dtype)
+    where = f"{device}" if layout.kind == "single" else f"{device}, layout {layout}"
+    print(f"loading {name} on {where} in {str(dtype).replace('torch.', '')} ...", file=sys.stderr)
+    return load_model(name, device, dtype, layout=layout)
 
 
 def cmd_env(args) -> int:
@@ -233,6 +242,7 @@ def _bandwidth(loaded, no_probe: bool):
 
 
 def cmd_bench(args) -> int:
+    from inferlab import layouts
     from inferlab.bench import BenchConfig, run_benchmark
     from inferlab.report import format_result
     from inferlab.storage import new_run_folder, write_json_atomic
@@ -242,9 +252,12 @@ def cmd_bench(args) -> int:
         output_length=args.output_length, warmup_runs=args.warmup, runs=args.runs, seed=args.seed,
         sampling=_sampling(args), per_token_events=args.events == "per-token",
     )
-    folder = new_run_folder(args.out, "bench")
+    reporting = layouts.rank() == 0  # under tensor parallelism every rank runs, rank 0 reports
+    folder = new_run_folder(args.out, "bench") if reporting else None
     loaded = _load(args)
     result = run_benchmark(loaded, config, _bandwidth(loaded, args.no_probe))
+    if not reporting:
+        return 0
     path = write_json_atomic(folder / "bench.json", result.to_dict())
     print(format_result(result))
     print(f"saved {path}")
@@ -252,7 +265,9 @@ def cmd_bench(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from inferlab import sweep
+    import tempfile
+
+    from inferlab import layouts, sweep
     from inferlab.storage import new_run_folder
 
     config = sweep.SweepConfig(
@@ -262,6 +277,10 @@ def cmd_sweep(args) -> int:
     )
     loaded = _load(args)
     sweep.check_all_fit(loaded, config)  # before the folder exists: a refused sweep leaves nothing behind
+    if layouts.rank() != 0:  # a tensor-parallel worker: runs every step with rank 0, reports nothing
+        with tempfile.TemporaryDirectory() as scratch:
+            sweep.run_sweep(loaded, config, Path(scratch), _bandwidth(loaded, args.no_probe))
+        return 0
     folder = new_run_folder(args.out, "sweep")
     try:
         report = sweep.run_sweep(loaded, config, folder, _bandwidth(loaded, args.no_probe), sweep.TqdmProgress())
@@ -318,9 +337,33 @@ COMMANDS = {
 }
 
 
+def _launch_if_needed(args, argv: list[str]) -> int | None:
+    """For a multi-process layout: check it, then run this same command under torchrun."""
+    if not hasattr(args, "layout"):
+        return None
+    from inferlab import layouts
+    from inferlab.bench import check_engine_layout
+    from inferlab.dtypes import resolve_device
+
+    layout = layouts.parse_layout(args.layout)
+    for engine in getattr(args, "engines", None) or [args.engine]:
+        check_engine_layout(engine, layout)
+    if not layouts.is_launched_worker():
+        layouts.check_devices(layout, resolve_device(args.device))
+    if layouts.needs_launch(layout):
+        return layouts.launch(layout, argv)
+    if layouts.rank() != 0:
+        sys.stdout = open(os.devnull, "w")  # rank 0 alone prints the results
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     try:
+        launched = _launch_if_needed(args, argv)
+        if launched is not None:
+            return launched
         return COMMANDS[args.command](args)
     except UsageError as error:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

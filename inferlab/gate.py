@@ -81,7 +81,7 @@ TAIL_REPLICATES = 20
 # machine_info["inferlab"] keys that must agree (the plugin's COMPARED_KEYS), and the
 # per-benchmark fingerprint keys that must agree.
 MACHINE_KEYS = ("device_name", "device_count", "model", "dtype", "layout")
-FINGERPRINT_KEYS = ("model", "dtype", "engine")
+FINGERPRINT_KEYS = ("model", "dtype", "engine", "layout")
 SAVE_HINT = "pass a run saved by pytest with --benchmark-autosave --benchmark-save-data (or --benchmark-json)"
 SHOWN_NAMES = 3
 
@@ -492,8 +492,8 @@ def format_table(report: Report) -> str:
         f"k = {report.k} benchmarks at family-wise confidence {_percent(report.confidence)}: each interval is "
         f"{100 * report.level:.2f}% (Bonferroni 1 - {1 - report.confidence:.3g}/{report.k}); "
         f"{len(report.base_paths)} base and {len(report.head_paths)} head run(s), {report.replicates} hierarchical-bootstrap "
-        f"replicates, run_noise {_percent(report.run_noise)} per run. FAIL: interval above 1 and reaching 1 + threshold; "
-        "PASS: interval below 1 + threshold."
+        f"replicates, run_noise {_percent(report.run_noise)} per run. ratio = head / base (> 1: slower); "
+        "FAIL: interval above 1 and reaching 1 + threshold; PASS: interval below 1 + threshold."
     )
     return "\n".join(lines)
 

