@@ -236,7 +236,7 @@ def group_verdicts(results: Sequence[BenchResult]) -> tuple[GroupVerdicts, ...]:
 def sweep_fingerprint(loaded: LoadedModel) -> dict:
     """The machine and the model: what every configuration of the sweep shares."""
     return {**fingerprints.environment(loaded.device), "model": loaded.name, "model_source": loaded.source,
-            "dtype": dtype_name(loaded.dtype)}
+            "dtype": dtype_name(loaded.dtype), "layout": str(loaded.layout)}
 
 
 def run_sweep(
