@@ -415,11 +415,19 @@ def test_tiny(decode_benchmark, metric):
 """
 
 
+PLUGIN_CONFTEST = """
+import importlib.metadata
+_ENTRY_POINTS = {ep.value for ep in importlib.metadata.entry_points(group="pytest11")}
+pytest_plugins = [] if "inferlab.pytest_plugin" in _ENTRY_POINTS else ["inferlab.pytest_plugin"]
+"""
+
+
 def test_runs_saved_by_the_plugin_load_and_compare(pytester):
+    pytester.makeconftest(PLUGIN_CONFTEST)  # the plugin once, whether installed (entry point) or not
     pytester.makepyfile(test_tiny=PLUGIN_TEST)
     paths = []
     for name in ("base.json", "head.json"):
-        result = pytester.runpytest("-p", "inferlab.pytest_plugin", "-p", "no:cacheprovider", "--inferlab-device", "cpu",
+        result = pytester.runpytest("-p", "no:cacheprovider", "--inferlab-device", "cpu",
                                     f"--benchmark-json={name}", "--benchmark-save-data")
         result.assert_outcomes(passed=2)
         paths.append(pytester.path / name)
@@ -429,4 +437,8 @@ def test_runs_saved_by_the_plugin_load_and_compare(pytester):
     assert sorted(s.metric for s in runs[0].series) == ["tpot_ms", "ttft_ms"]
     assert all(len(s.rounds_s) == 3 and s.fingerprint["engine"] == "eager" for s in runs[0].series)
     report = gate.compare(runs[:1], runs[1:])
-    assert report.k == 2 and report.verdict in (gate.PASS, gate.FAIL, gate.INCONCLUSIVE)
+    assert report.k == 2 and [row.metric for row in report.rows] == [s.metric for s in runs[0].series]
+    for row in report.rows:  # one run per side: the estimate is exactly the ratio of the two medians
+        base, head = runs[0].get(row.fullname), runs[1].get(row.fullname)
+        assert row.ratio == pytest.approx(head.median_ms / base.median_ms, rel=1e-9)
+        assert row.ci_low <= row.ratio <= row.ci_high

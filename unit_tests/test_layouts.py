@@ -92,7 +92,7 @@ def test_tensor_parallel_bench_runs_two_ranks_and_rank_0_reports(tmp_path):
 
 WORKER = """
 import sys, torch
-from inferlab.decode import DecodeConfig, generate
+from inferlab.decode import DecodeConfig, generate_steps
 from inferlab.layouts import Layout, rank
 from inferlab.models import load_model
 from inferlab.prompts import random_prompt
@@ -100,24 +100,29 @@ from inferlab.prompts import random_prompt
 loaded = load_model("tiny-random", torch.device("cpu"), torch.float32, layout=Layout("tp", 2))
 shard = loaded.model.model.layers[0].self_attn.q_proj.weight.to_local().shape
 prompt = random_prompt(512, 9, 2, torch.Generator().manual_seed(3), torch.device("cpu"))
-tokens = generate(loaded.model, prompt, DecodeConfig(12, ignore_eos=True)).tokens
+steps = [(s.tokens.clone(), s.logits.clone()) for s in generate_steps(loaded.model, prompt, DecodeConfig(12, ignore_eos=True))]
 if rank() == 0:
-    print("SHARD", list(shard))
-    print("TOKENS", tokens.tolist())
+    torch.save({"shard": list(shard), "tokens": torch.stack([t for t, _ in steps], 1),
+                "logits": torch.stack([l for _, l in steps], 1)}, sys.argv[1])
 """
 
 
-def test_tensor_parallel_decoding_gives_the_single_device_tokens(tiny, tmp_path):
-    from inferlab.decode import DecodeConfig, generate
+def test_tensor_parallel_decoding_matches_the_single_device_model(tiny, tmp_path):
     from inferlab.prompts import random_prompt
 
-    script = tmp_path / "worker.py"
+    script, saved = tmp_path / "worker.py", tmp_path / "tp.pt"
     script.write_text(WORKER)
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", str(script)],
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                          str(script), str(saved)],
                          env={**_env(), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
-    lines = dict(line.split(" ", 1) for line in out.stdout.splitlines() if line.startswith(("SHARD", "TOKENS")))
-    assert json.loads(lines["SHARD"]) == [32, 64]  # q_proj [64, 64] split by output rows over 2 ranks
+    tp = torch.load(saved)
+    assert tp["shard"] == [32, 64]  # q_proj [64, 64] split by output rows over 2 ranks
     prompt = random_prompt(512, 9, 2, torch.Generator().manual_seed(3), torch.device("cpu"))
-    single = generate(tiny.model, prompt, DecodeConfig(12, ignore_eos=True)).tokens
-    assert json.loads(lines["TOKENS"]) == single.tolist()
+    # Teacher-forced on the TP run's own tokens: a full recompute on one device gives the logits
+    # each cached TP step chose from. fp32; sharded sums add in another order, hence 1e-5.
+    ids = torch.cat([prompt.input_ids, tp["tokens"][:, :-1]], dim=1)
+    with torch.inference_mode():
+        single = tiny.model(input_ids=ids).logits[:, prompt.length - 1 :].float()
+    torch.testing.assert_close(tp["logits"], single, rtol=1e-4, atol=1e-5)
+    assert torch.equal(tp["tokens"], tp["logits"].argmax(-1))  # greedy: each token is its step's argmax
