@@ -27,6 +27,7 @@ def write_bytes_atomic(path: Path, data: bytes, overwrite: bool = False) -> Path
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(temporary, 0o666 & ~_umask())  # mkstemp makes 0600; results are ordinary files
         if overwrite:
             os.replace(temporary, path)
         else:
@@ -39,6 +40,12 @@ def write_bytes_atomic(path: Path, data: bytes, overwrite: bool = False) -> Path
             os.unlink(temporary)
         raise
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _publish_exclusive(temporary: str, path: Path) -> None:

@@ -66,3 +66,18 @@ def test_bad_configurations_are_refused_with_one_line(kwargs, message):
 def test_output_beyond_the_context_is_refused_before_running(tiny):
     with pytest.raises(UsageError, match=r"prompt \(500\) \+ output \(20\) tokens exceed tiny-random's context of 512"):
         run_benchmark(tiny, BenchConfig(prompt_length=500, output_length=20))
+
+
+def test_saved_files_are_ordinary_readable_files(tmp_path):
+    import os
+    import stat
+
+    from inferlab.storage import write_text_atomic
+
+    mask = os.umask(0o022)
+    try:
+        path = write_text_atomic(tmp_path / "a.json", "{}")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["a.json"]  # no temporary left behind
