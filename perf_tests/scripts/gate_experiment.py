@@ -29,15 +29,19 @@ Reported: false alarms per suite (fraction of A/A pairs with any FAIL), detectio
 TPOT entries at 5% and 10% (and the fraction of pairs with any TPOT entry failing), and the
 INCONCLUSIVE rates. Resumable: run again with --resume and the same --out; finished runs are
 kept, never overwritten; the plan (delays, settings) is fixed in OUT/plan.json at the start.
+The pytest processes run a copy of the code taken at the start (OUT/code), so edits to the
+checkout while the experiment runs cannot change what is measured halfway.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -125,18 +129,49 @@ def wait_for_quiet(max_wait_s: float, limit_cores: float) -> float:
     return time.perf_counter() - start
 
 
+SNAPSHOT = ("inferlab", "perf_tests", "conftest.py", "pyproject.toml")
+
+
+def snapshot_code(folder: Path) -> dict:
+    """Copy what the pytest processes import into `folder` (once): edits to the checkout during the experiment cannot reach it."""
+    if not folder.exists():
+        partial = folder.with_name(f".partial-{folder.name}")
+        shutil.rmtree(partial, ignore_errors=True)  # ours, from an interrupted start
+        partial.mkdir(parents=True)
+        for name in SNAPSHOT:
+            source = REPO / name
+            if source.is_dir():
+                shutil.copytree(source, partial / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+            elif source.exists():
+                shutil.copy2(source, partial / name)
+        partial.rename(folder)
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+    return {"code_sha256": digest.hexdigest(), "git_head": _git("rev-parse", "HEAD"),
+            "git_dirty_files": _git("status", "--porcelain", "--untracked-files=no").splitlines()}
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
 def run_pytest(setup: Setup, path: Path, delay_ms: float, options: argparse.Namespace) -> gate.Run:
     """One pytest process saving to `path` (and its interference to `path`.meta); a saved run is loaded instead."""
     if path.exists():
         return gate.load_run(path)
     partial = path.with_name(f".partial-{path.name}")
     partial.unlink(missing_ok=True)  # ours, from an interrupted run
-    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = options.out / "code"
+    env = dict(os.environ, PYTHONPATH=str(code) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     if setup.threads:
         env.update(OMP_NUM_THREADS=str(setup.threads), MKL_NUM_THREADS=str(setup.threads))
     waited = wait_for_quiet(options.quiet_wait_s, options.quiet_cores)
     start, busy, ours = time.perf_counter(), busy_cpu_s(), children_cpu_s()
-    done = subprocess.run(pytest_command(setup, partial, delay_ms), cwd=REPO, env=env, capture_output=True, text=True,
+    done = subprocess.run(pytest_command(setup, partial.resolve(), delay_ms), cwd=code, env=env, capture_output=True, text=True,
                           timeout=options.run_timeout_s)
     wall = time.perf_counter() - start
     # Everything the machine did during the run that was not this run: other users' jobs.
@@ -288,6 +323,49 @@ def environment(run: gate.Run) -> dict:
             "python": platform.python_version()}
 
 
+def synthetic_run(rng: np.random.Generator, slowdown: float, entries: int, rounds: int, within: float,
+                  run_noise: float) -> gate.Run:
+    """A run of `entries` benchmarks of 1 ms x (1 + slowdown): one N(0, run_noise) shift per benchmark, N(0, within) per round."""
+    series = []
+    for index in range(entries):
+        shift = rng.normal(0.0, run_noise)
+        rounds_s = 1e-3 * (1 + slowdown) * np.exp(shift + rng.normal(0.0, within, rounds))
+        series.append(gate.Series(f"sim::tpot[{index}]", f"tpot[{index}]", "tpot_ms", tuple(rounds_s), {}))
+    return gate.Run(Path(f"synthetic-{slowdown}"), {}, tuple(series))
+
+
+def simulate(pairs: int, threshold: float, confidence: float, run_noise: float, within: float, rounds: int,
+             entries: int = 4, seed: int = 0) -> dict:
+    """Per true slowdown: per-entry FAIL / INCONCLUSIVE rates of each rule when run_noise is known exactly."""
+    rng = np.random.default_rng(seed)
+    results = {}
+    for slowdown in (0.0, threshold / 2, threshold, 2 * threshold):
+        verdicts = {"pytest-benchmark median": [], "gate": [], "point rule": []}
+        for _ in range(pairs):
+            base = synthetic_run(rng, 0.0, entries, rounds, within, run_noise)
+            head = synthetic_run(rng, slowdown, entries, rounds, within, run_noise)
+            verdicts["pytest-benchmark median"] += [gate.FAIL if f else gate.PASS
+                                                    for f in gate.pytest_benchmark_style(base, head, threshold).values()]
+            rows = gate.compare([base], [head], {"default": threshold}, confidence=confidence, run_noise=run_noise).rows
+            verdicts["gate"] += [row.verdict for row in rows]
+            verdicts["point rule"] += [point_rule(row) for row in rows]
+        results[f"{100 * slowdown:g}%"] = {
+            method: {v: found.count(v) / len(found) for v in (gate.FAIL, gate.INCONCLUSIVE, gate.PASS)}
+            for method, found in verdicts.items()
+        }
+    return {"pairs": pairs, "entries": entries, "rounds": rounds, "within_round_noise": within, "run_noise": run_noise,
+            "threshold": threshold, "confidence": confidence, "rates": results}
+
+
+def format_simulation(simulation: dict) -> str:
+    lines = ["| true slowdown | method | FAIL | INCONCLUSIVE | PASS |", "|---|---|---|---|---|"]
+    for slowdown, methods in simulation["rates"].items():
+        for method, r in methods.items():
+            lines.append(f"| {slowdown} | {method} | {100 * r['FAIL']:.1f}% | {100 * r['INCONCLUSIVE']:.1f}% | "
+                         f"{100 * r['PASS']:.1f}% |")
+    return "\n".join(lines)
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="a new folder (or an earlier one with --resume)")
@@ -307,6 +385,10 @@ def parse_args() -> argparse.Namespace:
                         help="OMP/MKL threads of each pytest process (default 1 on CPU: see docs/perf/gate-cpu.md)")
     parser.add_argument("--threshold", type=float, default=0.05, help="the slowdown that counts, as a fraction (default 0.05)")
     parser.add_argument("--confidence", type=float, default=0.95)
+    parser.add_argument("--simulate", type=int, default=0, metavar="PAIRS",
+                        help="no pytest: compare the FAIL rules on PAIRS synthetic pairs per true slowdown, run_noise known")
+    parser.add_argument("--sim-run-noise", type=float, default=0.01, help="--simulate: run-to-run spread (default 0.01)")
+    parser.add_argument("--sim-within", type=float, default=0.03, help="--simulate: round-to-round spread (default 0.03)")
     parser.add_argument("--run-timeout-s", type=float, default=600)
     parser.add_argument("--quiet-wait-s", type=float, default=300,
                         help="before each run, wait up to this long for other processes to go quiet (0: never wait)")
@@ -321,6 +403,15 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> int:
     args = parse_args()
+    if args.simulate:
+        simulation = simulate(args.simulate, args.threshold, args.confidence, args.sim_run_noise, args.sim_within,
+                              args.rounds)
+        args.out.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        saved = write_json_atomic(args.out / f"simulation-{stamp}.json", {**simulation, "command": " ".join(sys.argv)})
+        print(format_simulation(simulation))
+        print(f"\nsaved {saved}")
+        return 0
     start = time.perf_counter()
     cuda = args.device.startswith("cuda")
     setup = Setup(args.device, (args.engines or "eager") if cuda else args.engines, args.model, args.dtype,
@@ -331,13 +422,17 @@ def main() -> int:
     plan_path = args.out / "plan.json"
     if plan_path.exists():
         plan = json.loads(plan_path.read_text())
+        if not (args.out / "code").exists():
+            raise SystemExit(f"{args.out / 'code'} is missing: the runs so far used that snapshot; start a new --out")
         setup = Setup(**plan["setup"])  # a resumed experiment keeps its first settings
         print(f"resuming {args.out}: settings and delays from {plan_path}", flush=True)
+    code = snapshot_code(args.out / "code")
+    print(f"code snapshot {args.out / 'code'} (sha256 {code['code_sha256'][:12]}, git {code['git_head'][:12]})", flush=True)
     print(f"calibration: {args.calibration_runs} runs of the unchanged code", flush=True)
     calibration = [run_pytest(setup, runs_dir / f"cal-{i:02d}.json", 0.0, args)
                    for i in range(args.calibration_runs)]
     if not plan_path.exists():
-        plan = make_plan(args, setup, calibration)
+        plan = {**make_plan(args, setup, calibration), **code}
         write_json_atomic(plan_path, plan)
     delays = {"A": 0.0, "A2": 0.0, "H5": plan["delays_ms"]["5%"], "H10": plan["delays_ms"]["10%"]}
     print(f"reference TPOT {plan['reference_tpot_ms']:.4f} ms -> delays {plan['delays_ms']}; "
