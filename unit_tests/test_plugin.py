@@ -118,3 +118,19 @@ def test_injected_delay_lands_where_the_bottleneck_is(option, engine, device, wh
 
 def test_perf_case_ids_name_every_axis():
     assert PerfCase("hf", 128, 50, "tpot_ms", 4).id == "hf-b4-p128-n50-tpot_ms"
+
+
+def test_the_gate_fails_an_injected_regression_and_not_an_unchanged_run(suite, capsys):
+    from inferlab.cli import main
+
+    options = [*SMALL, "--inferlab-metrics", "ttft_ms,tpot_ms", "--benchmark-save-data"]
+    for name, delay in (("base.json", "0"), ("same.json", "0"), ("slow.json", "20")):
+        suite.runpytest_subprocess(*options, f"--benchmark-json={name}", "--inferlab-inject-delay-ms", delay)
+    base, same, slow = (str(suite.path / n) for n in ("base.json", "same.json", "slow.json"))
+    capsys.readouterr()  # drop the pytest runs' own output
+
+    assert main(["gate", base, slow]) == 1  # 20 ms per step on a ~1 ms step
+    table = capsys.readouterr().out
+    assert [line.split()[-1] for line in table.splitlines() if "tpot_ms]" in line] == ["FAIL"]
+    # A/A with this CPU's process-to-process spread (~25% measured by gate_experiment.py) declared:
+    assert main(["gate", base, same, "--run-noise", "0.3"]) != 1
