@@ -143,13 +143,23 @@ def saved_random(name: str, dtype: torch.dtype, seed: int) -> Path:
     from inferlab.dtypes import dtype_name
 
     target = cache_dir() / f"{name}-seed{seed}-{dtype_name(dtype)}"
+    return cached_folder(target, lambda staging: random_llama(
+        RANDOM_CONFIGS[name], torch.device("cpu"), dtype, seed).save_pretrained(staging))
+
+
+def cached_folder(target: Path, write) -> Path:
+    """`target`, filled once by `write(staging folder)` and published by an atomic rename.
+
+    A half-written folder is never seen as complete; when two processes race (the ranks of a
+    tensor-parallel launch), the loser's rename fails and it uses the winner's folder.
+    """
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:
-        random_llama(RANDOM_CONFIGS[name], torch.device("cpu"), dtype, seed).save_pretrained(staging)
-        os.replace(staging, target)  # atomic; a concurrent rank that lost the race uses the winner's copy
+        write(staging)
+        os.replace(staging, target)
     except OSError:
         if not (target / "config.json").is_file():
             raise
@@ -214,25 +224,18 @@ def converted_smollm2() -> Path:
     target = cache_dir() / "smollm2-135m-instruct-q4_1"
     if (target / "config.json").is_file():
         return target
-    source = smollm2_package_folder()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=target.parent))
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
-        model = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-        # The weights are dequantized already; drop the GGUF marker so they can be saved plainly.
-        model.hf_quantizer = None
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        os.replace(staging, target)  # atomic: a half-written folder is never seen as converted
-    except OSError:
-        if not (target / "config.json").is_file():
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    return cached_folder(target, lambda staging: _convert_gguf(smollm2_package_folder(), staging))
+
+
+def _convert_gguf(source: Path, staging: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(source, gguf_file=SMOLLM2_GGUF)
+    model = AutoModelForCausalLM.from_pretrained(source, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    # The weights are dequantized already; drop the GGUF marker so they can be saved plainly.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
 
 
 def _from_folder(folder: Path | str, device: torch.device, dtype: torch.dtype, **kwargs) -> PreTrainedModel:
