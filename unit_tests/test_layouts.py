@@ -83,7 +83,7 @@ def test_tensor_parallel_bench_runs_two_ranks_and_rank_0_reports(tmp_path):
          "--out", str(tmp_path)],
         env=_env(), capture_output=True, text=True, timeout=240,
     )
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert out.stdout.count("TPOT (ms)") == 1  # one report, from rank 0
     [saved] = tmp_path.glob("*-bench/bench.json")
     fingerprint = json.loads(saved.read_text())["fingerprint"]
@@ -115,7 +115,7 @@ def test_tensor_parallel_decoding_matches_the_single_device_model(tiny, tmp_path
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                           str(script), str(saved)],
                          env={**_env(), "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     tp = torch.load(saved)
     assert tp["shard"] == [32, 64]  # q_proj [64, 64] split by output rows over 2 ranks
     prompt = random_prompt(512, 9, 2, torch.Generator().manual_seed(3), torch.device("cpu"))
