@@ -56,6 +56,15 @@ class FastOptions:
         )
 
 
+def compile_options(options: FastOptions) -> dict:
+    """Inductor options for the decode step: `compile_mode`'s, plus coordinate-descent tuning of
+    the launch shape of inductor's own kernels (norms, GEMV epilogues). Passed per compile, so
+    no global inductor setting changes."""
+    from torch._inductor import list_mode_options
+
+    return {**list_mode_options(options.compile_mode), "coordinate_descent_tuning": options.coordinate_descent}
+
+
 def check_supported(model) -> None:
     """UsageError unless `model` is a Llama-architecture causal LM this engine can rebuild."""
     config = model.config
@@ -229,12 +238,8 @@ class FastEngine:
 
         prefill, decode = self._prefill_body, self._decode_body
         if self.options.compile:
-            import torch._inductor.config as inductor_config
-
-            # Tunes the launch shape of inductor's own reduction kernels (norms, GEMV epilogues).
-            inductor_config.coordinate_descent_tuning = self.options.coordinate_descent
-            prefill = torch.compile(prefill, mode="default", fullgraph=True, dynamic=False)
-            decode = torch.compile(decode, mode=self.options.compile_mode, fullgraph=True, dynamic=False)
+            prefill = torch.compile(prefill, fullgraph=True, dynamic=False)
+            decode = torch.compile(decode, options=compile_options(self.options), fullgraph=True, dynamic=False)
         self._prefill, self._decode = prefill, decode
         self._prefill_graph = self._decode_graph = None
         if self.options.graphs:

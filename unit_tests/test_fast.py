@@ -120,3 +120,15 @@ def test_cuda_graph_replay_gives_the_eager_loops_tokens():
     engine = FastEngine(loaded.model, FastOptions(compile=False, graphs=True))
     fast = engine.run(prompt, config, None, CudaEventClock(device, 16))
     assert torch.equal(fast, generate(loaded.model, prompt, config).tokens)
+
+
+def test_compile_options_extend_the_mode_without_touching_global_inductor_settings():
+    import torch._inductor.config as inductor_config
+
+    from inferlab.fast import compile_options
+
+    before = inductor_config.coordinate_descent_tuning
+    options = compile_options(FastOptions(compile_mode="max-autotune-no-cudagraphs", coordinate_descent=False))
+    assert options["max_autotune"] is True and options["coordinate_descent_tuning"] is False
+    assert compile_options(FastOptions(compile_mode="default")) == {"coordinate_descent_tuning": True}
+    assert inductor_config.coordinate_descent_tuning == before
