@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 
 import pytest
 import torch
+
+# Without a GPU, Triton kernels can only run under Triton's interpreter (numpy on the CPU); it must
+# be chosen before Triton is first imported. (It converts float32 to bf16 by truncation, so bf16
+# kernel tests run only on CUDA.)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 # The plugin (gpu marker, benchmark options) is registered by the installed package's entry
 # point; from a bare checkout (PYTHONPATH=.) load it here instead.

@@ -86,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
     trace.add_argument("--prompt-length", type=_positive_int, default=8)
     trace.add_argument("--batch-size", type=_positive_int, default=1)
     trace.add_argument("--all-layers", action="store_true", help="show every decoder layer, not only the first")
+    trace.add_argument("--engine", choices=("eager", "fast"), default="eager",
+                       help="eager: the transformers model, stage by stage (default); fast: the fast engine's "
+                            "decode step, kernel by kernel, checked against transformers")
 
     generate = commands.add_parser("generate", help="generate text with the manual decode loop")
     _add_model_args(generate)
@@ -98,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="time one configuration: TTFT, TPOT, ITL, tokens/s with percentiles")
     _add_model_args(bench, optional_model=True)
-    bench.add_argument("--engine", default="eager", help="eager, hf, hf-static or fast (default eager)")
+    bench.add_argument("--engine", default="eager", help="eager, hf, hf-static, fast, fast-inductor or fast-nocompile (default eager)")
     bench.add_argument("--prompt", default=None, help="text prompt instead of random ids")
     bench.add_argument("--prompt-length", type=int, default=128, help="random prompt length in tokens (default 128)")
     bench.add_argument("--batch-size", type=int, default=1)
@@ -110,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = commands.add_parser("sweep", help="the output-length experiment (and prompt length, batch size)")
     _add_model_args(sweep, optional_model=True)
-    sweep.add_argument("--engines", nargs="+", default=["eager"], help="engines to compare (default eager)")
+    sweep.add_argument("--engines", nargs="+", default=["eager"], help="engines to compare: eager, hf, hf-static, fast, fast-inductor, fast-nocompile (default eager)")
     sweep.add_argument("--output-lengths", nargs="+", type=int, default=[10, 50, 100, 500])
     sweep.add_argument("--prompt-lengths", nargs="+", type=int, default=[128])
     sweep.add_argument("--batch-sizes", nargs="+", type=int, default=[1])
@@ -198,6 +201,11 @@ def cmd_trace(args) -> int:
     else:
         generator = torch.Generator().manual_seed(0)
         prompt = random_prompt(loaded.model.config.vocab_size, args.prompt_length, args.batch_size, generator, loaded.device)
+    if args.engine == "fast":
+        from inferlab.fast_trace import format_fast_trace, trace_fast_decode
+
+        print(format_fast_trace(trace_fast_decode(loaded.model, prompt, all_layers=args.all_layers)))
+        return 0
     print(format_trace(trace_forward(loaded.model, prompt, all_layers=args.all_layers)))
     return 0
 

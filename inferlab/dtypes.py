@@ -42,5 +42,5 @@ def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:
 
 
 def dtype_name(dtype: torch.dtype) -> str:
-    """Short name of a dtype: bf16, fp16 or fp32."""
-    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, str(dtype))
+    """Short name of a dtype: bf16, fp16, fp32, or torch's own without the prefix (int64)."""
+    return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}.get(dtype, str(dtype).removeprefix("torch."))

@@ -8,9 +8,12 @@ does, once, in ``finish()``.
 - ``hf``: ``model.generate`` with its default dynamic cache.
 - ``hf-static``: ``model.generate(cache_implementation="static")``; on CUDA it compiles the
   decode step, so its first runs are slow: warm up before timing.
-- ``fast``: `inferlab.fast`: fused Llama, static cache, compiled step, CUDA graphs.
-- ``fast-nocompile``: the same without ``torch.compile`` (graphs of eager kernels): starts in
-  well under a second where compiling takes minutes.
+- ``fast``: `inferlab.fast`: fused Llama, static cache, CUDA graphs; on CUDA the decode step runs
+  the hand-fused Triton kernels of `inferlab.triton_ops` and the prefill is compiled.
+- ``fast-inductor``: the same, with the whole decode step compiled by ``torch.compile``
+  (max-autotune) instead of the Triton kernels: minutes of compiling.
+- ``fast-nocompile``: graphs of eager torch kernels, nothing compiled: starts in well under a
+  second.
 """
 
 from __future__ import annotations
@@ -90,7 +93,7 @@ class HFGenerateEngine:
         return sequences[:, prompt.length :]
 
 
-ENGINE_NAMES = ("eager", "hf", "hf-static", "fast", "fast-nocompile")
+ENGINE_NAMES = ("eager", "hf", "hf-static", "fast", "fast-inductor", "fast-nocompile")
 
 
 def make_engine(name: str, model):
@@ -101,10 +104,15 @@ def make_engine(name: str, model):
         return HFGenerateEngine(model)
     if name == "hf-static":
         return HFGenerateEngine(model, "static")
-    if name in ("fast", "fast-nocompile"):
+    if name in ("fast", "fast-inductor", "fast-nocompile"):
         from inferlab.fast import FastEngine, FastOptions
 
-        engine = FastEngine(model, FastOptions(compile=False) if name == "fast-nocompile" else None)
+        options = {
+            "fast": FastOptions(),
+            "fast-inductor": FastOptions(triton=False),
+            "fast-nocompile": FastOptions(compile=False, triton=False),
+        }[name]
+        engine = FastEngine(model, options)
         engine.name = name
         return engine
     raise UsageError(f"unknown engine {name!r}: use one of {', '.join(ENGINE_NAMES)}")

@@ -1,11 +1,17 @@
 """The fast decode engine: a compact Llama over the same weights, built for decoding.
 
-What makes it fast, each a separate switch so its effect can be measured:
+What makes it fast, each a separate switch (`FastOptions`) so its effect can be measured:
 
 - fused projections: one [q; k; v] matrix and one [gate; up] matrix per layer (fewer, larger reads);
 - a static KV cache preallocated for prompt + output, written in place at each position;
-- the whole step (model, sampling, position update) compiled by ``torch.compile`` into fused kernels;
-- the prefill and the decode step each captured once in a CUDA graph: a step is one
+- a decode step of hand-fused Triton kernels (`inferlab.triton_ops`, specified by
+  `inferlab.decode_ops`): five per layer, each projection reading its matrix once with the
+  RMSNorm, SiLU*up or residual add folded in, attention with RoPE and the cache write in one
+  kernel, and for greedy decoding argmax, the next embedding and the position update in one;
+  on Hopper the kernels are chained by programmatic dependent launch, so each one starts
+  streaming its weights while the previous one finishes;
+- without Triton, the step (model, sampling, position update) compiled by ``torch.compile``;
+- the prefill (compiled) and the decode step each captured once in a CUDA graph: a step is one
   ``graph.replay()``, with no host work and no synchronization per token.
 
 Sampling stays on the device: greedy is argmax; sampling draws ``u ~ U(0, 1)`` per vocabulary
@@ -19,6 +25,7 @@ folded into the query-length axis, so attention runs on [B, kvh, g*S, hd] agains
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 
 import torch
@@ -35,25 +42,45 @@ from inferlab.sampling import SamplingConfig, warp
 class FastOptions:
     """Which optimizations are on. None means: on when the device is CUDA.
 
-    The decode step is compiled with `compile_mode` (autotuned matrix kernels by default: it
-    runs hundreds of times); the prefill runs once per request and uses inductor's default mode.
+    `triton`: the decode step runs the hand-fused kernels of `inferlab.triton_ops` (five per
+    layer, see `FastLlama.decode`) instead of a compiled torch step; `compile` then applies to the
+    prefill only. Otherwise the decode step is compiled with `compile_mode` (autotuned matrix
+    kernels by default: it runs hundreds of times); the prefill runs once per request and uses
+    inductor's default mode.
+    `pdl`: the Triton kernels use programmatic dependent launch (Hopper and later GPUs): each
+    kernel starts reading its weights while the one before it finishes.
     `sdpa=False` writes attention as two matrix products and a softmax that inductor can fuse,
     instead of calling the fused attention kernel (which is built for long sequences).
     """
 
     compile: bool | None = None
     graphs: bool | None = None
+    triton: bool | None = None
+    pdl: bool | None = None
     compile_mode: str = "max-autotune-no-cudagraphs"
     coordinate_descent: bool = True
     sdpa: bool = False
 
     def resolved(self, device: torch.device) -> "FastOptions":
         cuda = device.type == "cuda"
+        triton = (cuda and triton_available()) if self.triton is None else self.triton
+        hopper = cuda and torch.cuda.get_device_capability(device)[0] >= 9
         return replace(
             self,
             compile=cuda if self.compile is None else self.compile,
             graphs=cuda if self.graphs is None else self.graphs,
+            triton=triton,
+            pdl=triton and hopper and self.pdl is not False,
         )
+
+
+def triton_available() -> bool:
+    """Whether Triton can be imported (it ships with CUDA builds of torch, not with CPU ones)."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def compile_options(options: FastOptions) -> dict:
@@ -174,6 +201,25 @@ class FastLlama(nn.Module):
         gate, up = F.linear(x, layer.w13).chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, layer.w2)
 
+    def decode(self, tokens: torch.Tensor, position: torch.Tensor, ops) -> torch.Tensor:
+        """One token per row: tokens [B, 1] at `position` [1] -> logits [B, V] (float32).
+
+        `ops` is `inferlab.triton_ops` (the GPU kernels) or `inferlab.decode_ops` (the same
+        operations in torch).
+        """
+        return self.decode_hidden(F.embedding(tokens[:, 0], self.embed), position, ops)
+
+    def decode_hidden(self, x: torch.Tensor, position: torch.Tensor, ops) -> torch.Tensor:
+        """`decode` from the embedded tokens x [B, H]; each line below is one kernel."""
+        for index, layer in enumerate(self.layers):
+            qkv = ops.gemv(x, layer.wqkv, norm=layer.attn_norm, eps=self.eps)
+            attn = ops.attention_decode(qkv, self.cos, self.sin, position, self.k_cache[index], self.v_cache[index],
+                                        self.num_heads, self.num_kv_heads)
+            x = ops.gemv(attn, layer.wo, residual=x)
+            h = ops.gemv(x, layer.w13, norm=layer.ffn_norm, eps=self.eps, gated=True)
+            x = ops.gemv(h, layer.w2, residual=x)
+        return ops.gemv(x, self.lm_head, norm=self.norm, eps=self.eps, out_dtype=torch.float32)
+
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """tokens [B, S] at positions [S] -> logits [B, 1, V] of the last position (float32)."""
         x = F.embedding(tokens, self.embed)
@@ -205,12 +251,18 @@ class FastEngine:
         self.options = (options or FastOptions()).resolved(self.device)
         if self.options.graphs and self.device.type != "cuda":
             raise UsageError("CUDA graphs need a CUDA device: run the fast engine on CPU with graphs off")
+        if self.options.triton and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise UsageError("the Triton decode kernels need a CUDA device: run the fast engine on CPU with triton off")
         self.net: FastLlama | None = None
         self._key = None
 
     def describe(self) -> str:
         o = self.options
-        return f"fast (compile={'on, ' + o.compile_mode if o.compile else 'off'}, cuda graphs={'on' if o.graphs else 'off'})"
+        if o.triton:
+            step = "triton kernels" + (" with PDL" if o.pdl else "") + (", prefill compiled" if o.compile else "")
+        else:
+            step = f"compile={'on, ' + o.compile_mode if o.compile else 'off'}"
+        return f"fast ({step}, cuda graphs={'on' if o.graphs else 'off'})"
 
     @torch.inference_mode()
     def prepare(self, prompt: Prompt, config: DecodeConfig) -> None:
@@ -230,6 +282,7 @@ class FastEngine:
         self.prompt_ids = torch.zeros(B, S, dtype=torch.long, device=dev)
         self.prompt_positions = torch.arange(S, device=dev)
         self.tokens = torch.zeros(B, 1, dtype=torch.long, device=dev)
+        self.hidden = torch.zeros(B, self.net.embed.shape[1], dtype=self.net.embed.dtype, device=dev)
         self.position = torch.zeros(1, dtype=torch.long, device=dev)
         self.out = torch.zeros(B, N, dtype=torch.long, device=dev)
         self.uniform = None if config.sampling.greedy else torch.rand(B, vocab, device=dev)
@@ -239,7 +292,8 @@ class FastEngine:
         prefill, decode = self._prefill_body, self._decode_body
         if self.options.compile:
             prefill = torch.compile(prefill, fullgraph=True, dynamic=False)
-            decode = torch.compile(decode, options=compile_options(self.options), fullgraph=True, dynamic=False)
+            if not self.options.triton:
+                decode = torch.compile(decode, options=compile_options(self.options), fullgraph=True, dynamic=False)
         self._prefill, self._decode = prefill, decode
         self._prefill_graph = self._decode_graph = None
         if self.options.graphs:
@@ -251,13 +305,27 @@ class FastEngine:
         first = pick(logits, self.sampling, self.uniform)
         self.tokens.copy_(first[:, None])
         self.out[:, 0].copy_(first)
+        if self.options.triton:
+            self.hidden.copy_(F.embedding(first, self.net.embed))
         self.position.fill_(self.prompt_length)
 
     def _decode_body(self) -> None:
-        logits = self.net(self.tokens, self.position)[:, -1]
+        if self.options.triton:
+            from inferlab import triton_ops
+
+            kernels = triton_ops.Kernels(pdl=self.options.pdl)
+            logits = self.net.decode_hidden(self.hidden, self.position, kernels)
+            if self.sampling.greedy:  # argmax, next embedding and bookkeeping: one kernel
+                kernels.greedy_step(logits, self.net.embed, self.hidden, self.tokens, self.out, self.position,
+                                    self.prompt_length)
+                return
+        else:
+            logits = self.net(self.tokens, self.position)[:, -1]
         nxt = pick(logits, self.sampling, self.uniform)
         self.tokens.copy_(nxt[:, None])
         self.out.index_copy_(1, self.position - self.prompt_length + 1, nxt[:, None])
+        if self.options.triton:
+            self.hidden.copy_(F.embedding(nxt, self.net.embed))
         self.position.add_(1)
 
     def _capture(self) -> None:

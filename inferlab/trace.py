@@ -191,13 +191,17 @@ def symbol_values(trace: Trace, phase: str) -> dict[str, int]:
 
 
 def evaluate(symbols: tuple[str, ...], values: dict[str, int]) -> tuple[int, ...]:
-    """('B', 'S', 'nH*D') -> (B, S, nH*D) as numbers."""
+    """('B', 'S', 'nH*D', 'nH*D+2*nKV*D') -> (B, S, nH*D, nH*D+2*nKV*D) as numbers: sums of
+    products of symbols and integers."""
     out = []
     for symbol in symbols:
-        product = 1
-        for factor in symbol.split("*"):
-            product *= values[factor]
-        out.append(product)
+        total = 0
+        for term in symbol.split("+"):
+            product = 1
+            for factor in term.split("*"):
+                product *= int(factor) if factor.isdigit() else values[factor]
+            total += product
+        out.append(total)
     return tuple(out)
 
 

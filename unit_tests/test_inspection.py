@@ -141,3 +141,58 @@ def test_cli_inspect_json_and_trace_table(capsys):
 def test_format_trace_marks_layers_not_shown(tiny):
     text = format_trace(trace_forward(tiny.model, prompt_of(tiny.model, 2)))
     assert "layer 0 shown; layer 1 repeats it" in text
+
+
+def test_symbols_evaluate_sums_of_products_with_integers():
+    values = {"nH": 4, "nKV": 2, "D": 16, "I": 128}
+    assert evaluate(("nH*D+2*nKV*D", "2*I"), values) == (4 * 16 + 2 * 2 * 16, 256)
+
+
+def test_fast_trace_records_the_engine_step_kernel_by_kernel(tiny):
+    from inferlab.fast_trace import mismatches as fast_mismatches
+    from inferlab.fast_trace import trace_fast_decode
+
+    trace = trace_fast_decode(tiny.model, prompt_of(tiny.model, 5, batch=2))
+    layer_roles = ["[q; k; v] projection", "attention", "o projection", "[gate; up] projection", "down projection"]
+    assert [c.role for c in trace.calls] == layer_roles * 2 + ["LM head", "next token"]
+    assert [c.layer for c in trace.calls] == [0] * 5 + [1] * 5 + [None, None]
+    assert fast_mismatches(trace) == []
+    attention = trace.calls[1]
+    assert attention.reads == (2, 2, 6, 16)  # B, nKV, T = prompt + the new token, D
+    assert attention.output == (2, 64)
+    assert trace.calls[3].reads == (256, 64) and trace.calls[3].output == (2, 128)  # [gate; up] read once
+    assert "RMSNorm" in trace.calls[0].fused and "residual" in trace.calls[2].fused
+    # the fast step computes the transformers model's function (fp32: to rounding)
+    assert trace.next_tokens == trace.reference_next_tokens
+    assert trace.max_abs_logit_diff < 1e-5
+
+
+def test_fast_trace_next_token_is_the_fast_engines_second_token(tiny):
+    from inferlab.decode import DecodeConfig
+    from inferlab.engines import make_engine
+    from inferlab.fast_trace import trace_fast_decode
+    from inferlab.timing import clock_for
+
+    prompt = prompt_of(tiny.model, 6)
+    engine = make_engine("fast-nocompile", tiny.model)
+    config = DecodeConfig(2, ignore_eos=True)
+    engine.prepare(prompt, config)
+    tokens = engine.run(prompt, config, None, clock_for(CPU, 2))
+    assert trace_fast_decode(tiny.model, prompt).next_tokens == (int(tokens[0, 1]),)
+
+
+def test_fast_trace_refuses_padded_prompts(tiny):
+    from inferlab.fast_trace import trace_fast_decode
+    from inferlab.prompts import Prompt
+
+    prompt = Prompt(torch.ones(2, 3, dtype=torch.long), torch.tensor([[1, 1, 1], [0, 1, 1]]))
+    with pytest.raises(UsageError, match="equal length"):
+        trace_fast_decode(tiny.model, prompt)
+
+
+def test_cli_trace_of_the_fast_engine(capsys):
+    assert main(["trace", "tiny-random", "--device", "cpu", "--engine", "fast", "--prompt-length", "4", "--all-layers"]) == 0
+    out = capsys.readouterr().out
+    assert "fast engine decode step (S=1, T=5): 12 kernels, 5 per layer" in out
+    assert "(!)" not in out
+    assert "(the same)" in out

@@ -62,18 +62,35 @@ def correctness(loaded, prompt, new_tokens: int, fast_engine) -> dict:
     synchronize(loaded.device)
     same = (fast_tokens == eager_tokens)[0].tolist()
     first_divergence = same.index(False) if False in same else None
-    # Teacher-forced: the fast model (uncompiled, same kernels' math) fed the eager tokens.
-    net = FastLlama(loaded.model, sdpa=fast_engine.options.sdpa)
+    # Teacher-forced: the fast model fed the eager tokens, its decode step through the same
+    # Triton kernels as the engine's (or the torch step, uncompiled, when the engine compiles it).
+    options = fast_engine.options
+    kernels = None
+    if options.triton:
+        from inferlab.triton_ops import Kernels
+
+        kernels = Kernels(pdl=options.pdl)
+    net = FastLlama(loaded.model, sdpa=options.sdpa)
     net.setup_cache(prompt.batch_size, prompt.length + new_tokens)
     fast_logits = []
     with torch.inference_mode():
         fast_logits.append(net(prompt.input_ids, torch.arange(prompt.length, device=loaded.device))[:, -1])
         for index in range(1, new_tokens):
             position = torch.tensor([prompt.length + index - 1], device=loaded.device)
-            fast_logits.append(net(eager_tokens[:, index - 1 : index], position)[:, -1])
+            step_tokens = eager_tokens[:, index - 1 : index]
+            if kernels is None:
+                fast_logits.append(net(step_tokens, position)[:, -1])
+            else:
+                fast_logits.append(net.decode(step_tokens, position, kernels))
     fast_logits = torch.stack(fast_logits, dim=1)
     reference = reference_logits(loaded.model, prompt, eager_tokens)
     top1 = reference.argmax(-1)
+    # Where fast and eager pick different tokens on the same inputs, how close was the race? The
+    # fp32 gap between the two best logits there; next to the bf16 error above, a gap that small
+    # is a near-tie that either engine may break either way.
+    top2 = reference.topk(2, dim=-1).values
+    gap = top2[..., 0] - top2[..., 1]
+    differ = fast_logits.argmax(-1) != eager_logits.argmax(-1)
     return {
         "greedy_token_agreement_fast_vs_eager": sum(same) / len(same),
         "first_divergence_step": first_divergence,
@@ -85,6 +102,9 @@ def correctness(loaded, prompt, new_tokens: int, fast_engine) -> dict:
         "top1_agreement_eager_vs_fp32": (eager_logits.argmax(-1) == top1).float().mean().item(),
         "top1_agreement_fast_vs_fp32": (fast_logits.argmax(-1) == top1).float().mean().item(),
         "max_abs_logit_fp32": reference.abs().max().item(),
+        "teacher_forced_top1_agreement_fast_vs_eager": 1 - differ.float().mean().item(),
+        "max_fp32_top2_gap_where_fast_and_eager_differ": gap[differ].max().item() if differ.any() else None,
+        "median_fp32_top2_gap": gap.median().item(),
     }
 
 
@@ -122,10 +142,12 @@ VARIANTS = [
     ("hf", None),
     ("hf-static", None),
     ("eager", None),
-    ("fast: graphs, eager kernels", FastOptions(compile=False, graphs=True)),
-    ("fast: compiled (decode max-autotune) + graphs", FastOptions(compile=True, graphs=True)),
-    ("fast: same, fused SDPA attention", FastOptions(compile=True, graphs=True, sdpa=True)),
-    ("fast: compile default mode + graphs", FastOptions(compile=True, graphs=True, compile_mode="default")),
+    ("fast: graphs, eager torch kernels (fast-nocompile)", FastOptions(compile=False, graphs=True, triton=False)),
+    ("fast: step compiled, inductor default mode + graphs",
+     FastOptions(compile=True, graphs=True, triton=False, compile_mode="default")),
+    ("fast: step compiled, max-autotune + graphs (fast-inductor)", FastOptions(compile=True, graphs=True, triton=False)),
+    ("fast: Triton kernels, no PDL + graphs", FastOptions(graphs=True, triton=True, pdl=False)),
+    ("fast: Triton kernels with PDL + graphs (default)", FastOptions()),
 ]
 
 
@@ -138,6 +160,7 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--variants", default="all", help="comma-separated indexes into VARIANTS, or all")
     parser.add_argument("--skip-trust", action="store_true")
+    parser.add_argument("--correctness-only", action="store_true", help="check the default fast engine, time nothing")
     parser.add_argument("--time-budget-s", type=float, default=0, help="stop starting new variants after this long")
     parser.add_argument("--device", default="cuda", help="cuda (the real run) or cpu (a smoke test, no graphs)")
     parser.add_argument("--out", type=Path, required=True)
@@ -149,10 +172,11 @@ def main() -> int:
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
     name = args.model or default_model(device)
-    loaded = load_model(name, device, torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    loaded = load_model(name, device, dtype)
     env = fingerprint.environment(device)
     bandwidth = roofline.device_bandwidth(device, env["device_name"], probe=True)
-    print(f"{name} bf16 on {env['device_name']} | torch {env['torch']} | transformers {env['transformers']} | "
+    print(f"{name} {str(dtype).removeprefix('torch.')} on {env['device_name']} | torch {env['torch']} | transformers {env['transformers']} | "
           f"CUDA {env['cuda']} | driver {env['driver']} | {dict(loaded.model.config.to_dict()).get('num_hidden_layers')} layers | copy bandwidth {bandwidth[0] / 1e9:.0f} GB/s", flush=True)
 
     config = BenchConfig(prompt_length=args.prompt_length, output_length=args.output_length)
@@ -165,13 +189,16 @@ def main() -> int:
     start = time.perf_counter()
     check = correctness(loaded, prompt, args.output_length, default_fast)
     print(f"correctness (and compiling the default fast engine, {time.perf_counter() - start:.0f} s):", json.dumps(check), flush=True)
+    if args.correctness_only:
+        (args.out / "engines.json").write_text(json.dumps({"environment": env, "bandwidth": bandwidth, "correctness": check}, indent=1))
+        return 0
 
     rows, results, engines = [], {}, {}
     for label, options in chosen:
         engine_name = label.split(":")[0]
         bench = BenchConfig(engine=engine_name, prompt_length=args.prompt_length, output_length=args.output_length,
                             warmup_runs=args.warmup, runs=args.runs)
-        engine = None if options is None else (default_fast if options == default_fast.options else FastEngine(loaded.model, options))
+        engine = None if options is None else (default_fast if options.resolved(device) == default_fast.options else FastEngine(loaded.model, options))
         engines[label] = engine
         start = time.perf_counter()
         try:

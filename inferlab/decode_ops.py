@@ -1,0 +1,118 @@
+"""The fused operations of one Llama decode step, in plain torch: the specification that the
+Triton kernels in `inferlab.triton_ops` implement, and the CPU path of the fast engine.
+
+A decode layer is five of them (hidden x [M, H], M = batch, one new token each):
+
+    qkv  = gemv(x, wqkv, norm=attn_norm)              # RMSNorm folded into the projection
+    attn = attention_decode(qkv, cos, sin, position, k_cache, v_cache, heads)
+    x    = gemv(attn, wo, residual=x)                  # residual add folded in
+    h    = gemv(x, w13, norm=ffn_norm, gated=True)     # silu(gate) * up, one read of [gate; up]
+    x    = gemv(h, w2, residual=x)
+
+and the step ends with `gemv(x, lm_head, norm=final_norm)` and, when greedy, `greedy_step`
+(argmax, the next input's embedding and the position update in one operation).
+
+Rounding follows transformers' Llama in the weights' dtype: RMSNorm computes in float32, rounds
+the normalized input, then multiplies by its weight in the model's dtype; each projection
+accumulates in float32 and rounds once; the residual add, SiLU and the product with `up` each
+round to the model's dtype. RoPE and attention compute in float32 and round their outputs.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_normalized(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """weight * (x / sqrt(mean(x^2) + eps)), x [M, K], rounded like transformers' LlamaRMSNorm."""
+    normalized = (x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return weight * normalized
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """x [M, K] @ weight[N', K]^T -> [M, N] in `out_dtype` (default x's dtype).
+
+    norm: RMSNorm x with this weight first. gated: weight is [gate; up] ([2N, K]) and the result
+    is silu(gate) * up. residual [M, N]: added to the result.
+    """
+    dtype = weight.dtype
+    if norm is not None:
+        x = rms_normalized(x, norm, eps)
+    y = (x.float() @ weight.float().T).to(dtype)
+    if gated:
+        gate, up = y.chunk(2, dim=-1)
+        y = F.silu(gate) * up
+    if residual is not None:
+        y = residual + y
+    return y.to(out_dtype or x.dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [..., D] rotated by cos/sin [D] (transformers' half-split layout), in float32."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x.float() * cos.float() + rotated.float() * sin.float()
+
+
+def attention_decode(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> torch.Tensor:
+    """One token's attention: qkv [M, (nh + 2 kvh) hd] at `position` [1] -> [M, nh hd].
+
+    Applies RoPE to q and k, writes k and v into the caches [M, kvh, T, hd] at `position`, and
+    attends over positions [0, position] (GQA: query head h reads KV head h // (nh / kvh)).
+    """
+    M = qkv.shape[0]
+    hd = k_cache.shape[-1]
+    dtype = k_cache.dtype
+    q, k, v = qkv.split([num_heads * hd, num_kv_heads * hd, num_kv_heads * hd], dim=-1)
+    c, s = cos[position[0]], sin[position[0]]
+    q = rope(q.reshape(M, num_heads, hd), c, s).to(dtype)
+    k = rope(k.reshape(M, num_kv_heads, hd), c, s).to(dtype)
+    k_cache.index_copy_(2, position, k[:, :, None])
+    v_cache.index_copy_(2, position, v.reshape(M, num_kv_heads, 1, hd).to(dtype))
+    length = int(position[0]) + 1
+    keys, values = k_cache[:, :, :length].float(), v_cache[:, :, :length].float()
+    group = num_heads // num_kv_heads
+    q = q.float().reshape(M, num_kv_heads, group, hd)
+    probs = torch.softmax(q @ keys.transpose(-1, -2) * hd**-0.5, dim=-1)  # [M, kvh, g, T]
+    return (probs @ values).reshape(M, num_heads * hd).to(dtype)
+
+
+def greedy_step(
+    logits: torch.Tensor,
+    embed: torch.Tensor,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    out: torch.Tensor,
+    position: torch.Tensor,
+    first_position: int,
+) -> None:
+    """The end of a greedy decode step, in place: logits [M, V] at `position` [1].
+
+    The next token (argmax, the first of equal maxima) goes to tokens [M, 1] and to column
+    `position - first_position + 1` of out [M, N]; its embedding row goes to hidden [M, H],
+    the next step's input; `position` advances by one.
+    """
+    token = logits.argmax(dim=-1)
+    tokens.copy_(token[:, None])
+    out.index_copy_(1, position - first_position + 1, token[:, None])
+    hidden.copy_(F.embedding(token, embed))
+    position.add_(1)

@@ -1,0 +1,380 @@
+"""Triton kernels for one decode step at small batch, implementing `inferlab.decode_ops`.
+
+At batch 1 a decode step is a chain of matrix-vector products: the time is the time to read
+the weights once, plus a fixed cost per kernel. These kernels cut both: each projection is
+one kernel that reads its matrix exactly once with wide, coalesced loads, and carries the work
+around it (RMSNorm before, SiLU*up or the residual add after) so that nothing else runs between
+two projections except the attention kernel, which also does RoPE and the cache write. A layer
+is five kernels; after the LM head, one more picks the greedy token, fetches its embedding for
+the next step and advances the position (`greedy_step`).
+
+On Hopper and later GPUs the kernels are chained by programmatic dependent launch (PDL): each
+one is launched while the previous one still runs, loads what does not depend on it (its first
+weight tile; for attention the rotary tables and the first cache rows), and only then waits
+for the previous kernel's results (``gdc_wait``). The greedy step kernel is launched without
+PDL, so every decode step starts after the previous step has completely finished.
+
+Launch shapes (rows per program, K-tile, warps, pipelining depth) come from `gemv_config`,
+measured per matrix shape on an H200 by ``perf_tests/scripts/kernel_configs.py``; other shapes
+get the default row. Importing this module needs Triton; `inferlab.fast` imports it only for
+CUDA (or under ``TRITON_INTERPRET=1``, which runs the kernels on the CPU for tests).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+DEFAULT_GEMV = LaunchConfig(block_n=8, block_k=256, num_warps=4, num_stages=3)
+# (N, K, gated) -> config: the TinyLlama-1.1B matrices, measured on an H200 (docs/perf/h200/kernels.md).
+MEASURED_GEMV: dict[tuple[int, int, bool], LaunchConfig] = {
+    (2560, 2048, False): LaunchConfig(2, 1024, 4, 1),  # [q; k; v]
+    (2048, 2048, False): LaunchConfig(2, 1024, 4, 1),  # o
+    (5632, 2048, True): LaunchConfig(4, 2048, 4, 3),  # [gate; up]
+    (2048, 5632, False): LaunchConfig(4, 2048, 4, 1),  # down
+    (32000, 2048, False): LaunchConfig(4, 1024, 4, 3),  # lm head
+}
+ATTENTION_BLOCK_T = 128
+GREEDY_BLOCK_V, GREEDY_WARPS = 8192, 16
+
+
+def gemv_config(n: int, k: int, gated: bool) -> LaunchConfig:
+    """The launch shape for an [n, k] matrix (n rows per half when gated)."""
+    return MEASURED_GEMV.get((n, k, gated), DEFAULT_GEMV)
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch needs a Hopper or later GPU."""
+    return device.type == "cuda" and _capability(device.index or 0)[0] >= 9
+
+
+def _use_pdl(device: torch.device, pdl: bool | None) -> bool:
+    """Programmatic dependent launch: each kernel is launched while the previous one runs, reads
+    the weights (never written) and waits (griddepcontrol.wait) before its first read of anything
+    an earlier kernel writes, and before its own writes, so the chain stays in order. None: on
+    wherever supported."""
+    return pdl_supported(device) if pdl is None else (pdl and pdl_supported(device))
+
+
+def _launch_options(pdl: bool) -> dict:
+    return {"launch_pdl": True} if pdl else {}
+
+
+@triton.jit
+def _rms_scale(x_row, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) over one row of K elements."""
+    total = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        v = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+        total += v * v
+    return 1.0 / tl.sqrt(tl.sum(total, axis=0) / K + eps)
+
+
+@triton.jit
+def _weight_tile(w_ptr, rows, offs_k, mask_n, K: tl.constexpr, EVEN: tl.constexpr):
+    if EVEN:  # no mask: nothing stands between the compiler and 16-byte loads
+        return tl.load(w_ptr + rows + offs_k[None, :], eviction_policy="evict_first")
+    mask = mask_n[:, None] & (offs_k[None, :] < K)
+    return tl.load(w_ptr + rows + offs_k[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _input_tile(x_row, norm_ptr, offs_k, scale, K: tl.constexpr, NORM: tl.constexpr, EVEN_K: tl.constexpr, dtype):
+    """x[offs_k] as float32 [1, BLOCK_K], RMS-normalized and scaled by the norm weight when NORM."""
+    if EVEN_K:
+        xv = tl.load(x_row + offs_k)
+    else:
+        xv = tl.load(x_row + offs_k, mask=offs_k < K, other=0.0)
+    if NORM:
+        if EVEN_K:
+            g = tl.load(norm_ptr + offs_k)
+        else:
+            g = tl.load(norm_ptr + offs_k, mask=offs_k < K, other=0.0)
+        xv = (xv.to(tl.float32) * scale).to(dtype)
+        xv = (g.to(tl.float32) * xv.to(tl.float32)).to(dtype)
+    return xv.to(tl.float32)[None, :]
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr,
+    M, eps,
+    N: tl.constexpr, K: tl.constexpr,
+    NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """out[m, n] for BLOCK_N consecutive n of one row m; the program reads its rows of W once.
+
+    The first tile of W is loaded before waiting on the previous kernel: weights are never
+    written, so under programmatic dependent launch the read starts while that kernel finishes.
+    """
+    pid = tl.program_id(0)
+    m = pid % M  # programs of one weight block and different rows run side by side: L2 shares W
+    offs_n = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    rows = offs_n.to(tl.int64)[:, None] * K
+    up_rows = (offs_n + N).to(tl.int64)[:, None] * K
+    x_row = x_ptr + m * K
+    dtype = w_ptr.dtype.element_ty
+    offs_k = tl.arange(0, BLOCK_K)
+    w = _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K)
+    if GATED:
+        u = _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()  # from here on, the previous kernel's writes are visible
+    scale = 1.0
+    if NORM:
+        scale = _rms_scale(x_row, eps, K, BLOCK_K)
+    xf = _input_tile(x_row, norm_ptr, offs_k, scale, K, NORM, EVEN_K, dtype)
+    acc = w.to(tl.float32) * xf
+    if GATED:
+        acc_up = u.to(tl.float32) * xf
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        xf = _input_tile(x_row, norm_ptr, offs_k, scale, K, NORM, EVEN_K, dtype)
+        acc += _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32) * xf
+        if GATED:
+            acc_up += _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32) * xf
+    y = tl.sum(acc, axis=1).to(dtype)
+    if GATED:
+        up = tl.sum(acc_up, axis=1).to(dtype)
+        gate = y.to(tl.float32)
+        y = (gate / (1.0 + tl.exp(-gate))).to(dtype)
+        y = (y.to(tl.float32) * up.to(tl.float32)).to(dtype)
+    if RESIDUAL:
+        r = tl.load(res_ptr + m * N + offs_n, mask=mask_n, other=0.0)
+        y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + m * N + offs_n, y.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+    out_dtype: torch.dtype | None = None,
+    config: LaunchConfig | None = None,
+    pdl: bool | None = None,
+) -> torch.Tensor:
+    """Same contract as `inferlab.decode_ops.gemv`: x [M, K], weight [N or 2N, K] -> [M, N]."""
+    M, K = x.shape
+    N = weight.shape[0] // 2 if gated else weight.shape[0]
+    assert weight.shape[1] == K and x.is_contiguous() and weight.is_contiguous(), (x.shape, weight.shape)
+    c = config or gemv_config(N, K, gated)
+    out = torch.empty(M, N, device=x.device, dtype=out_dtype or x.dtype)
+    grid = (M * triton.cdiv(N, c.block_n),)
+    pdl = _use_pdl(x.device, pdl)
+    _gemv_kernel[grid](
+        x, weight, x if norm is None else norm, x if residual is None else residual, out,
+        M, eps, N=N, K=K,
+        NORM=norm is not None, GATED=gated, RESIDUAL=residual is not None,
+        BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0,
+        PDL=pdl, num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
+    )
+    return out
+
+
+@triton.jit
+def _rope(x, x_partner, cos, sin, d, HALF: tl.constexpr):
+    """x * cos + rotate_half(x) * sin, where x_partner[d] = x[(d + HALF) % (2 HALF)]."""
+    sign = tl.where(d < HALF, -1.0, 1.0)
+    return x * cos + sign * x_partner * sin
+
+
+@triton.jit
+def _attend(keys, values, valid, q, scale, best, total, acc):
+    """Online softmax: fold the cached positions `keys`/`values` [BLOCK_T, HD] (where `valid`)
+    into the running maximum score, normalizer and weighted sum of values."""
+    scores = tl.where(valid, tl.sum(keys.to(tl.float32) * q[None, :], axis=1) * scale, float("-inf"))
+    new_best = tl.maximum(best, tl.max(scores, axis=0))
+    correction = tl.exp(best - new_best)
+    p = tl.exp(scores - new_best)
+    total = total * correction + tl.sum(p, axis=0)
+    acc = acc * correction + tl.sum(p[:, None] * values.to(tl.float32), axis=0)
+    return new_best, total, acc
+
+
+@triton.jit
+def _attention_decode_kernel(
+    qkv_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, out_ptr,
+    stride_cm, stride_ch, stride_ct, scale,
+    NH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
+):
+    """One (row m, query head h): RoPE on q and k, cache write, softmax(q K^T) V over [0, pos].
+
+    The position, the RoPE tables and the first BLOCK_T cached positions are read before waiting
+    on the previous kernel: they were written before the step began (see `attention_decode`).
+    """
+    pid = tl.program_id(0)
+    m = pid // NH
+    h = pid % NH
+    kv = h // (NH // KVH)
+    HALF: tl.constexpr = HD // 2
+    dtype = k_ptr.dtype.element_ty
+    d = tl.arange(0, HD)
+    partner = (d + HALF) % HD
+    pos = tl.load(pos_ptr)
+    cos = tl.load(cos_ptr + pos * HD + d).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * HD + d).to(tl.float32)
+    cache_at = m * stride_cm + kv * stride_ch
+    t = tl.arange(0, BLOCK_T)
+    valid = t < pos
+    at = cache_at + t[:, None] * stride_ct + d[None, :]
+    keys = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
+    values = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()  # the q, k, v of this token come from the previous kernel
+    row = qkv_ptr + m * (NH + 2 * KVH) * HD
+    q_at = row + h * HD
+    q = _rope(tl.load(q_at + d).to(tl.float32), tl.load(q_at + partner).to(tl.float32), cos, sin, d, HALF)
+    q = q.to(dtype).to(tl.float32)
+    k_at = row + (NH + kv) * HD
+    k = _rope(tl.load(k_at + d).to(tl.float32), tl.load(k_at + partner).to(tl.float32), cos, sin, d, HALF).to(dtype)
+    v = tl.load(row + (NH + KVH + kv) * HD + d).to(dtype)
+    if h % (NH // KVH) == 0:  # one writer per KV head; readers take the new token from registers
+        tl.store(k_ptr + cache_at + pos * stride_ct + d, k)
+        tl.store(v_ptr + cache_at + pos * stride_ct + d, v)
+    # Online softmax, starting from the new token's own score.
+    best = tl.sum(q * k.to(tl.float32), axis=0) * scale
+    total = best * 0.0 + 1.0
+    acc = v.to(tl.float32)
+    best, total, acc = _attend(keys, values, valid, q, scale, best, total, acc)
+    t0 = BLOCK_T
+    while t0 < pos:  # a while loop: its bound is read on the device (a `range` here breaks the interpreter)
+        t = t0 + tl.arange(0, BLOCK_T)
+        valid = t < pos
+        at = cache_at + t[:, None] * stride_ct + d[None, :]
+        keys = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
+        values = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
+        best, total, acc = _attend(keys, values, valid, q, scale, best, total, acc)
+        t0 += BLOCK_T
+    tl.store(out_ptr + m * NH * HD + h * HD + d, (acc / total).to(dtype))
+
+
+def attention_decode(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    block_t: int = ATTENTION_BLOCK_T,
+    pdl: bool | None = None,
+) -> torch.Tensor:
+    """Same contract as `inferlab.decode_ops.attention_decode`; reads `position` on the device.
+
+    With programmatic dependent launch the kernel reads `position` and the cache rows before it
+    ahead of the previous kernel's end: no kernel still running may write them. A decode step
+    satisfies this when it starts after a full dependency (a CUDA graph replay, or a kernel
+    launched without PDL such as `greedy_step`), since within a step only the new row is written.
+    """
+    M = qkv.shape[0]
+    hd = k_cache.shape[-1]
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and qkv.is_contiguous()
+    assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == hd
+    out = torch.empty(M, num_heads * hd, device=qkv.device, dtype=k_cache.dtype)
+    pdl = _use_pdl(qkv.device, pdl)
+    _attention_decode_kernel[(M * num_heads,)](
+        qkv, cos, sin, position, k_cache, v_cache, out,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hd**-0.5,
+        NH=num_heads, KVH=num_kv_heads, HD=hd, BLOCK_T=block_t, PDL=pdl,
+        num_warps=4, **_launch_options(pdl),
+    )
+    return out
+
+
+@triton.jit
+def _greedy_step_kernel(
+    logits_ptr, embed_ptr, hidden_ptr, tokens_ptr, out_ptr, pos_ptr,
+    M, out_stride, first_position,
+    V: tl.constexpr, H: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+):
+    """One program for all rows: argmax, the next token's embedding, and the step's bookkeeping."""
+    pos = tl.load(pos_ptr)
+    m = 0
+    while m < M:  # one program, so that no row can read the position after it has advanced
+        best = tl.full([BLOCK_V], float("-inf"), dtype=tl.float32)
+        best_at = tl.zeros([BLOCK_V], dtype=tl.int32)
+        for v0 in range(0, V, BLOCK_V):
+            offs = v0 + tl.arange(0, BLOCK_V)
+            values = tl.load(logits_ptr + m * V + offs, mask=offs < V, other=float("-inf"))
+            better = values > best  # strict: the first of equal maxima wins, as in torch.argmax
+            best_at = tl.where(better, offs, best_at)
+            best = tl.where(better, values, best)
+        top = tl.max(best, axis=0)
+        token = tl.min(tl.where(best == top, best_at, V), axis=0)
+        tl.store(tokens_ptr + m, token.to(tl.int64))
+        tl.store(out_ptr + m * out_stride + (pos - first_position + 1), token.to(tl.int64))
+        for h0 in range(0, H, BLOCK_H):
+            offs_h = h0 + tl.arange(0, BLOCK_H)
+            row = tl.load(embed_ptr + token.to(tl.int64) * H + offs_h, mask=offs_h < H)
+            tl.store(hidden_ptr + m * H + offs_h, row, mask=offs_h < H)
+        m += 1
+    tl.store(pos_ptr, pos + 1)
+
+
+def greedy_step(
+    logits: torch.Tensor,
+    embed: torch.Tensor,
+    hidden: torch.Tensor,
+    tokens: torch.Tensor,
+    out: torch.Tensor,
+    position: torch.Tensor,
+    first_position: int,
+) -> None:
+    """Same contract as `inferlab.decode_ops.greedy_step`, in one kernel.
+
+    Launched without programmatic dependent launch: it starts after everything before it has
+    finished, and the next step's kernels start after it has, the full dependency that
+    `attention_decode` relies on.
+    """
+    M, V = logits.shape
+    H = embed.shape[1]
+    assert logits.is_contiguous() and embed.is_contiguous() and hidden.is_contiguous() and out.stride(1) == 1
+    _greedy_step_kernel[(1,)](
+        logits, embed, hidden, tokens, out, position, M, out.stride(0), first_position,
+        V=V, H=H, BLOCK_V=GREEDY_BLOCK_V, BLOCK_H=1024, num_warps=GREEDY_WARPS,
+    )
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """These kernels with one launch mode, usable wherever `inferlab.decode_ops` is."""
+
+    pdl: bool | None = None
+
+    def gemv(self, *args, **kwargs) -> torch.Tensor:
+        return gemv(*args, pdl=self.pdl, **kwargs)
+
+    def attention_decode(self, *args, **kwargs) -> torch.Tensor:
+        return attention_decode(*args, pdl=self.pdl, **kwargs)
+
+    def greedy_step(self, *args, **kwargs) -> None:
+        greedy_step(*args, **kwargs)

@@ -1,0 +1,277 @@
+"""Launch shapes for the Triton decode kernels, measured on one GPU, and the decode step they make.
+
+    PYTHONPATH=. python3 perf_tests/scripts/kernel_configs.py --out results/kernels
+
+For each matrix of one TinyLlama-1.1B decode step (bf16, batch 1) it checks the kernel against
+`inferlab.decode_ops` on random data, then times every candidate launch shape: the kernel is
+captured in a CUDA graph once per copy of its weight, over enough copies that the weights
+cannot sit in L2 (as in a real step, each matrix comes from device memory), and the graph is
+replayed. Time per kernel = replay time / copies; bandwidth = weight bytes / time. cuBLAS
+(`F.linear`, no fused norm or epilogue) is timed the same way for reference. Then the attention
+kernel's tile over cached positions; where a step's time goes (the model's kernels replayed
+alone with and without programmatic dependent launch, and the greedy step kernel against the
+same work in torch ops); and finally the whole decode step (TPOT over 128 tokens after a
+128-token prompt, prefill not compiled) with PDL off and on, and with the best shapes found
+here when they differ from those in use.
+
+    --no-gemv-probe   skip the projections' launch-shape search (the rest takes ~1 minute)
+    --narrow          search only near the H200's best shapes
+    --no-pdl          probe the kernels launched one after another
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from inferlab import decode_ops, fingerprint, roofline
+from inferlab import triton_ops as ops
+from inferlab.bench import BenchConfig, run_benchmark
+from inferlab.fast import FastEngine, FastOptions
+from inferlab.models import load_model
+
+# (name, N, K, kind): the five matrices of a TinyLlama decode step.
+SHAPES = [
+    ("gate_up", 5632, 2048, "gated"),
+    ("down", 2048, 5632, "residual"),
+    ("lm_head", 32000, 2048, "logits"),
+    ("qkv", 2560, 2048, "norm"),
+    ("o", 2048, 2048, "residual"),
+]
+# The full grid; `--narrow` keeps the neighbourhood of the shapes that won on an H200.
+TILES = [(1, 1024), (1, 2048), (2, 512), (2, 1024), (4, 256), (4, 512), (4, 1024), (8, 128), (8, 256), (8, 512),
+         (16, 128), (16, 256), (32, 64), (32, 128)]
+NARROW_TILES = [(1, 1024), (1, 2048), (2, 1024), (2, 2048), (4, 1024), (4, 2048)]
+WARPS = [4, 8]
+STAGES = [1, 3]
+L2_ROTATION_BYTES = 512 * 2**20
+
+
+def kwargs_for(kind: str, x: torch.Tensor, N: int) -> dict:
+    norm = torch.randn(x.shape[1], device=x.device, dtype=x.dtype)
+    return {
+        "norm": dict(norm=norm, eps=1e-5),
+        "gated": dict(norm=norm, eps=1e-5, gated=True),
+        "residual": dict(residual=torch.randn(x.shape[0], N, device=x.device, dtype=x.dtype)),
+        "logits": dict(norm=norm, eps=1e-5, out_dtype=torch.float32),
+    }[kind]
+
+
+def time_per_launch_us(launches: list, replays: int = 20, repeats: int = 5) -> float:
+    """Median over `repeats` of (graph replay time / launches), the graph holding every launch once.
+
+    With programmatic dependent launch, consecutive launches overlap as they do in a decode step."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for launch in launches:
+            launch()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for launch in launches:
+            launch()
+    graph.replay()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / (replays * len(launches)))
+    del graph
+    return sorted(samples)[len(samples) // 2]
+
+
+def probe_shape(name: str, N: int, K: int, kind: str, device, bandwidth: float, deadline: float, tiles: list,
+                pdl: bool) -> dict:
+    gated = kind == "gated"
+    rows = 2 * N if gated else N
+    weight_bytes = rows * K * 2
+    copies = max(2, math.ceil(L2_ROTATION_BYTES / weight_bytes))
+    weights = [torch.randn(rows, K, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    x = torch.randn(1, K, device=device, dtype=torch.bfloat16)
+    kwargs = kwargs_for(kind, x, N)
+    expected = decode_ops.gemv(x, weights[0], **kwargs)
+    got = ops.gemv(x, weights[0], **kwargs)
+    error = ((got.float() - expected.float()).norm() / expected.float().norm()).item()
+    results = []
+    for (bn, bk), warps, stages in itertools.product(tiles, WARPS, STAGES):
+        if bk > K or time.perf_counter() > deadline:
+            continue
+        config = ops.LaunchConfig(bn, bk, warps, stages)
+        try:
+            us = time_per_launch_us([lambda w=w: ops.gemv(x, w, config=config, pdl=pdl, **kwargs) for w in weights])
+        except Exception as error_:  # a shape the compiler rejects (registers, shared memory)
+            print(f"  {name} {config}: {type(error_).__name__}", flush=True)
+            continue
+        results.append({"config": config.__dict__, "us": us, "gb_s": weight_bytes / us / 1e3})
+    results.sort(key=lambda r: r["us"])
+    cublas_weights = [w[:N] if gated else w for w in weights]
+    cublas_us = time_per_launch_us([lambda w=w: F.linear(x, w) for w in cublas_weights])
+    cublas_bytes = N * K * 2
+    default_us = next((r["us"] for r in results if r["config"] == ops.DEFAULT_GEMV.__dict__), None)
+    current = ops.gemv_config(N, K, gated).__dict__
+    current_us = next((r["us"] for r in results if r["config"] == current), None)
+    best = results[0] if results else None
+    if best:
+        print(f"{name:8s} N={N:6d} K={K:5d} {weight_bytes / 1e6:6.1f} MB | rel err {error:.1e} | best {best['config']} "
+              f"{best['us']:.2f} us = {best['gb_s']:.0f} GB/s ({100 * best['gb_s'] * 1e9 / bandwidth:.0f}% of copy) | "
+              f"in use {current} {current_us or float('nan'):.2f} us | default {default_us or float('nan'):.2f} us | cuBLAS {cublas_us:.2f} us = "
+              f"{cublas_bytes / cublas_us / 1e3:.0f} GB/s for {'gate only' if gated else 'the plain product'}", flush=True)
+    del weights
+    torch.cuda.empty_cache()
+    return {"name": name, "N": N, "K": K, "kind": kind, "weight_bytes": weight_bytes, "copies": copies,
+            "relative_error_vs_spec": error, "results": results, "cublas_us": cublas_us, "cublas_bytes": cublas_bytes,
+            "default_us": default_us, "in_use": current, "in_use_us": current_us, "pdl": pdl}
+
+
+def probe_attention(device, position: int, max_seq: int, pdl: bool) -> list[dict]:
+    heads, kv_heads, hd, layers = 32, 4, 64, 22
+    qkv = torch.randn(1, (heads + 2 * kv_heads) * hd, device=device, dtype=torch.bfloat16)
+    angles = torch.randn(max_seq, hd // 2, device=device)
+    angles = torch.cat([angles, angles], dim=-1)
+    cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+    caches = [(torch.randn(1, kv_heads, max_seq, hd, device=device, dtype=torch.bfloat16),
+               torch.randn(1, kv_heads, max_seq, hd, device=device, dtype=torch.bfloat16)) for _ in range(layers)]
+    at = torch.tensor([position], device=device)
+    k_ref, v_ref = caches[0][0].clone(), caches[0][1].clone()
+    expected = decode_ops.attention_decode(qkv, cos, sin, at, k_ref, v_ref, heads, kv_heads)
+    got = ops.attention_decode(qkv, cos, sin, at, caches[0][0], caches[0][1], heads, kv_heads)
+    error = ((got.float() - expected.float()).norm() / expected.float().norm()).item()
+    rows = []
+    for block_t in (16, 32, 64, 128):
+        us = time_per_launch_us([lambda k=k, v=v: ops.attention_decode(qkv, cos, sin, at, k, v, heads, kv_heads, block_t=block_t,
+                                                                                    pdl=pdl)
+                                 for k, v in caches])
+        rows.append({"block_t": block_t, "us": us, "position": position})
+        print(f"attention position {position} block_t {block_t:3d}: {us:.2f} us (rel err {error:.1e})", flush=True)
+    return rows
+
+
+def step_tpot(loaded, measured, options: FastOptions, label: str) -> dict:
+    bench = BenchConfig(engine="fast", prompt_length=128, output_length=128, warmup_runs=3, runs=10)
+    result = run_benchmark(loaded, bench, measured, engine=FastEngine(loaded.model, options))
+    s = result.summary
+    line = result.roofline_summary()
+    print(f"step {label}: TTFT p50 {s['ttft_ms']['p50']:.3f} ms | TPOT p50 {s['tpot_ms']['p50']:.4f} p99 "
+          f"{s['tpot_ms']['p99']:.4f} ms | {100 * line['fraction_of_peak']:.1f}% of copy bandwidth | prepare "
+          f"{result.prepare_ms / 1e3:.1f} s", flush=True)
+    return {"label": label, "summary": s, "roofline": line, "prepare_ms": result.prepare_ms}
+
+
+def graph_us(body, replays: int = 200) -> float:
+    """Median time of one replay of a CUDA graph of `body`, over 5 batches of `replays`."""
+    return time_per_launch_us([body], replays=replays)
+
+
+@torch.inference_mode()
+def step_breakdown(loaded, position: int) -> dict:
+    """Where a decode step's time goes: its parts captured and replayed on their own."""
+    from inferlab.fast import FastLlama, pick
+    from inferlab.sampling import SamplingConfig
+
+    device = loaded.device
+    net = FastLlama(loaded.model)
+    net.setup_cache(1, 4096)
+    hidden = net.embed[7:8].clone()
+    at = torch.tensor([position], device=device)
+    rows = {}
+    for pdl in (False, True):
+        kernels = ops.Kernels(pdl=pdl)
+        rows[f"model (layers + lm head), PDL {'on' if pdl else 'off'}"] = graph_us(lambda: net.decode_hidden(hidden, at, kernels))
+    logits = net.decode_hidden(hidden, at, ops.Kernels())
+    tokens = torch.zeros(1, 1, dtype=torch.long, device=device)
+    out = torch.zeros(1, 4096, dtype=torch.long, device=device)
+    moving = torch.tensor([0], device=device)  # advances each replay: out has room for every replay
+
+    def torch_bookkeeping():
+        nxt = pick(logits, SamplingConfig(), None)
+        tokens.copy_(nxt[:, None])
+        out.index_copy_(1, moving + 1, nxt[:, None])
+        hidden.copy_(F.embedding(nxt, net.embed))
+        moving.add_(1)
+
+    rows["greedy step kernel (argmax, embedding, bookkeeping)"] = graph_us(
+        lambda: ops.greedy_step(logits, net.embed, hidden, tokens, out, moving, 0), replays=100)
+    moving.zero_()
+    rows["the same in torch ops"] = graph_us(torch_bookkeeping, replays=100)
+    for label, us in rows.items():
+        print(f"breakdown at position {position}: {label}: {us:.1f} us", flush=True)
+    return {"position": position, "us": rows}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--probe-budget-s", type=float, default=240, help="stop trying launch shapes after this long")
+    parser.add_argument("--skip-step", action="store_true")
+    parser.add_argument("--narrow", action="store_true", help="only the neighbourhood of the H200's best tiles")
+    parser.add_argument("--no-pdl", action="store_true", help="probe the kernels launched one after another")
+    parser.add_argument("--no-gemv-probe", action="store_true", help="skip probing the projections' launch shapes")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("kernel_configs: needs a CUDA device", file=sys.stderr)
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    device = torch.device("cuda")
+    env = fingerprint.environment(device)
+    measured = roofline.device_bandwidth(device, env["device_name"], probe=True)
+    bandwidth = measured[0]
+    import triton
+
+    print(f"{env['device_name']} | torch {env['torch']} | triton {triton.__version__} | CUDA {env['cuda']} | "
+          f"driver {env['driver']} | copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
+    deadline = time.perf_counter() + args.probe_budget_s
+    pdl = ops.pdl_supported(device) and not args.no_pdl
+    print(f"programmatic dependent launch: {'on' if pdl else 'off'}", flush=True)
+    tiles = NARROW_TILES if args.narrow else TILES
+    shapes = [] if args.no_gemv_probe else [probe_shape(*shape, device, bandwidth, deadline, tiles, pdl) for shape in SHAPES]
+    attention = [row for position in (128, 255) for row in probe_attention(device, position, 256, pdl)]
+    report = {"environment": env, "triton": triton.__version__, "bandwidth": bandwidth, "pdl": pdl, "shapes": shapes,
+              "attention": attention}
+    (args.out / "kernels.json").write_text(json.dumps(report, indent=1))
+
+    best = {(s["N"], s["K"], s["kind"] == "gated"): ops.LaunchConfig(**s["results"][0]["config"]) for s in shapes if s["results"]}
+    if len(best) == len(SHAPES):
+        per_layer_us = sum(s["results"][0]["us"] for s in shapes if s["name"] != "lm_head")
+        attention_us = min(r["us"] for r in attention if r["position"] == 128)
+        lm_us = next(s["results"][0]["us"] for s in shapes if s["name"] == "lm_head")
+        print(f"sum of best kernel times: 22 x ({per_layer_us:.2f} + attention {attention_us:.2f}) + lm_head {lm_us:.2f} "
+              f"= {(22 * (per_layer_us + attention_us) + lm_us) / 1e3:.4f} ms", flush=True)
+        print("MEASURED_GEMV = {" + ", ".join(f"{k}: LaunchConfig({c.block_n}, {c.block_k}, {c.num_warps}, {c.num_stages})"
+                                              for k, c in best.items()) + "}", flush=True)
+    if args.skip_step:
+        return 0
+    loaded = load_model("tinyllama-1.1b-random", device, torch.bfloat16)
+    report["breakdown"] = [step_breakdown(loaded, position) for position in (128, 192, 255)]
+    in_use = dict(ops.MEASURED_GEMV)
+    steps = []
+    for pdl_on in (False, True):
+        options = FastOptions(compile=False, graphs=True, triton=True, pdl=pdl_on)
+        steps.append(step_tpot(loaded, measured, options, f"triton, shapes in use, PDL {'on' if pdl_on else 'off'}"))
+    if any(in_use.get(key) != config for key, config in best.items()):
+        ops.MEASURED_GEMV.update(best)
+        options = FastOptions(compile=False, graphs=True, triton=True, pdl=pdl)
+        steps.append(step_tpot(loaded, measured, options, f"triton, best shapes of this probe, PDL {'on' if pdl else 'off'}"))
+        ops.MEASURED_GEMV.clear()
+        ops.MEASURED_GEMV.update(in_use)
+    report["steps"] = steps
+    (args.out / "kernels.json").write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

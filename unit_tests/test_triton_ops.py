@@ -1,0 +1,209 @@
+"""The fused decode operations: the torch specification (`decode_ops`) gives transformers' logits,
+and the Triton kernels (`triton_ops`) compute the same function, including the cache write,
+masked edges and several rows. On a CPU the kernels run under Triton's interpreter (fp32 only:
+it rounds to bf16 by truncation); on CUDA they are compiled, and bf16 is checked too."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inferlab import decode_ops
+from inferlab.decode import DecodeConfig, generate
+from inferlab.fast import FastEngine, FastLlama, FastOptions
+from inferlab.prompts import random_prompt
+from inferlab.timing import HostClock
+
+pytest.importorskip("triton", reason="Triton is not installed (requirements/test.txt installs it)")
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    from inferlab import triton_ops
+
+    return triton_ops
+
+
+def draw(*shape, dtype=torch.float32, seed=0, scale=1.0):
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(DEVICE, dtype)
+
+
+def assert_same_function(ours: torch.Tensor, expected: torch.Tensor) -> None:
+    """fp32: the same sums in another order, equal to 1e-5. bf16: the float32 sums differ in their
+    last bits, so a rounded intermediate (a normalized input, an output) can land on the
+    neighbouring bf16 value, a relative step of 2^-8; the whole result must stay within
+    ||ours - expected|| / ||expected|| < 2^-7 (a wrong index or a missing term is far above that)."""
+    assert ours.shape == expected.shape and ours.dtype == expected.dtype
+    if expected.dtype == torch.float32:
+        torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
+    else:
+        error = (ours.float() - expected.float()).norm() / expected.float().norm()
+        assert error < 2**-7, f"relative error {error:.2e}"
+
+
+# (N, K) with tiles of 8 rows x 64 columns: masked edges (N = 40, K = 96 are not multiples),
+# unmasked loads over two K tiles, and a single tile (the loop after the first tile is empty).
+SHAPES = {"masked": (40, 96), "two-tiles": (32, 128), "one-tile": (16, 64)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
+def test_gemv_kernel_computes_the_specified_function(kernels, dtype, shape, variant):
+    M, (N, K) = 3, SHAPES[shape]
+    x, norm, residual = draw(M, K, dtype=dtype, seed=1), draw(K, dtype=dtype, seed=2), draw(M, N, dtype=dtype, seed=3)
+    weight = draw(2 * N if variant == "gated" else N, K, dtype=dtype, seed=4, scale=0.1)
+    kwargs = {
+        "plain": {},
+        "norm": dict(norm=norm, eps=1e-5),
+        "residual": dict(residual=residual),
+        "gated": dict(norm=norm, eps=1e-5, gated=True),
+        "logits": dict(norm=norm, eps=1e-5, out_dtype=torch.float32),
+    }[variant]
+    config = kernels.LaunchConfig(block_n=8, block_k=64, num_warps=4, num_stages=1)
+    ours = kernels.gemv(x, weight, config=config, **kwargs)
+    expected = decode_ops.gemv(x, weight, **kwargs)
+    assert ours.shape == (M, N)
+    assert_same_function(ours, expected)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("position", [0, 5, 11])
+def test_attention_kernel_matches_the_specification_and_writes_the_cache(kernels, dtype, position):
+    M, heads, kv_heads, hd, T = 2, 4, 2, 16, 12
+    qkv = draw(M, (heads + 2 * kv_heads) * hd, dtype=dtype, seed=5)
+    angles = draw(T, hd // 2, seed=6)
+    angles = torch.cat([angles, angles], dim=-1)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    k_cache, v_cache = draw(M, kv_heads, T, hd, dtype=dtype, seed=7), draw(M, kv_heads, T, hd, dtype=dtype, seed=8)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    at = torch.tensor([position], device=DEVICE)
+    expected = decode_ops.attention_decode(qkv, cos, sin, at, expected_k, expected_v, heads, kv_heads)
+    # block_t 4 < position: the loop over cached positions runs several masked blocks
+    ours = kernels.attention_decode(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads, block_t=4)
+    assert_same_function(ours, expected)
+    assert_same_function(k_cache, expected_k)
+    assert torch.equal(v_cache, expected_v)  # v is stored as given, no arithmetic
+    untouched = [t for t in range(T) if t != position]
+    assert torch.equal(k_cache[:, :, untouched], draw(M, kv_heads, T, hd, dtype=dtype, seed=7)[:, :, untouched])
+
+
+def test_attention_specification_is_softmax_attention_over_the_written_cache():
+    M, heads, kv_heads, hd, T, position = 1, 2, 1, 4, 6, 3
+    qkv = draw(M, (heads + 2 * kv_heads) * hd, seed=9)
+    cos, sin = torch.ones(T, hd), torch.zeros(T, hd)  # RoPE at angle 0 is the identity
+    k_cache, v_cache = draw(M, kv_heads, T, hd, seed=10), draw(M, kv_heads, T, hd, seed=11)
+    out = decode_ops.attention_decode(qkv, cos, sin, torch.tensor([position]), k_cache, v_cache, heads, kv_heads)
+    q = qkv[0, : heads * hd].view(heads, hd)
+    keys, values = k_cache[0, 0, : position + 1], v_cache[0, 0, : position + 1]
+    assert torch.equal(keys[-1], qkv[0, heads * hd : (heads + 1) * hd])  # the new key landed at `position`
+    expected = torch.softmax(q @ keys.T / hd**0.5, dim=-1) @ values  # both query heads share the one KV head
+    torch.testing.assert_close(out.view(heads, hd), expected)
+
+
+@pytest.mark.parametrize("ops", ["spec", "kernel"])
+def test_greedy_step_takes_the_first_maximum_and_advances_the_step(kernels, ops):
+    block = kernels.GREEDY_BLOCK_V
+    M, V, H, N, first = 2, block + 808, 24, 6, 10  # two blocks over the vocabulary, the second masked
+    logits = draw(M, V, seed=12)
+    logits[0, [17, block + 300]] = 9.0  # a tie across blocks: the first index wins
+    logits[1, [block + 8, block + 9]] = 7.0  # a tie inside the last block
+    embed = draw(V, H, seed=13)
+    hidden, tokens = torch.zeros(M, H, device=DEVICE), torch.zeros(M, 1, dtype=torch.long, device=DEVICE)
+    out = torch.full((M, N), -1, dtype=torch.long, device=DEVICE)
+    position = torch.tensor([first + 2], device=DEVICE)
+    (decode_ops if ops == "spec" else kernels).greedy_step(logits, embed, hidden, tokens, out, position, first)
+    expected = [17, block + 8]
+    assert tokens[:, 0].tolist() == expected
+    assert out[:, 3].tolist() == expected and int((out == -1).sum()) == M * (N - 1)
+    assert torch.equal(hidden, embed[expected])
+    assert position.tolist() == [first + 3]
+
+
+@torch.inference_mode()
+def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
+    prompt = random_prompt(tiny.model.config.vocab_size, 7, 2, torch.Generator().manual_seed(0), torch.device("cpu"))
+    net = FastLlama(tiny.model)
+    net.setup_cache(2, 12)
+    ids = prompt.input_ids
+    net(ids, torch.arange(7))  # prefill writes positions 0..6
+    for step in range(5):
+        nxt = tiny.model(input_ids=ids).logits[:, -1].float().argmax(-1, keepdim=True)
+        ids = torch.cat([ids, nxt], dim=1)
+        ours = net.decode(nxt, torch.tensor([ids.shape[1] - 1]), decode_ops)
+        theirs = tiny.model(input_ids=ids).logits[:, -1].float()  # full recompute, no cache
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny):
+    from inferlab.models import load_model
+
+    model = tiny.model if DEVICE.type == "cpu" else load_model("tiny-random", DEVICE, torch.float32).model
+    prompt = random_prompt(model.config.vocab_size, 6, 2, torch.Generator().manual_seed(3), DEVICE)
+    config = DecodeConfig(6, ignore_eos=True)
+    # on CUDA the kernels are also captured in the decode step's graph and replayed
+    engine = FastEngine(model, FastOptions(compile=False, graphs=DEVICE.type == "cuda", triton=True))
+    assert "triton" in engine.describe()
+    assert torch.equal(engine.run(prompt, config, None, HostClock()), generate(model, prompt, config).tokens)
+
+
+def test_seeded_sampling_with_triton_kernels_draws_what_the_torch_step_draws(kernels, tiny):
+    """Same logits (fp32) and the same uniform draws: the sampled tokens are identical."""
+    from inferlab.models import load_model
+    from inferlab.sampling import SamplingConfig
+
+    model = tiny.model if DEVICE.type == "cpu" else load_model("tiny-random", DEVICE, torch.float32).model
+    prompt = random_prompt(model.config.vocab_size, 5, 2, torch.Generator().manual_seed(4), DEVICE)
+    config = DecodeConfig(6, sampling=SamplingConfig(greedy=False, temperature=0.8, top_k=50, top_p=0.9), ignore_eos=True)
+    graphs = DEVICE.type == "cuda"
+    runs = []
+    for triton in (True, True, False):
+        engine = FastEngine(model, FastOptions(compile=False, graphs=graphs, triton=triton))
+        runs.append(engine.run(prompt, config, torch.Generator(DEVICE).manual_seed(7), HostClock()))
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+    assert len(set(runs[0].flatten().tolist())) > 1
+
+
+def test_triton_kernels_on_cpu_are_refused_with_a_reason(tiny, monkeypatch):
+    from inferlab.errors import UsageError
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(UsageError, match="Triton decode kernels need a CUDA device"):
+        FastEngine(tiny.model, FastOptions(compile=False, graphs=False, triton=True))
+
+
+@pytest.mark.gpu
+@torch.inference_mode()
+def test_dependent_launch_changes_the_timing_only(kernels):
+    """The TinyLlama step's kernels chained with and without programmatic dependent launch, each
+    captured in a CUDA graph and replayed over several positions: bit-identical logits and caches.
+    A kernel that read its input before the previous kernel finished writing it would differ."""
+    from inferlab.models import load_model
+
+    if not kernels.pdl_supported(DEVICE):
+        pytest.skip("programmatic dependent launch needs a Hopper or later GPU")
+    model = load_model("tinyllama-1.1b-random", DEVICE, torch.bfloat16).model
+    results = []
+    for pdl in (False, True):
+        net = FastLlama(model)
+        net.setup_cache(1, 64)
+        ops = kernels.Kernels(pdl=pdl)
+        hidden = F.embedding(torch.tensor([5], device=DEVICE), net.embed)
+        position = torch.tensor([0], device=DEVICE)
+        net.decode_hidden(hidden, position, ops)  # compile outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            logits = net.decode_hidden(hidden, position, ops)
+        steps = []
+        for step in range(8):
+            position.fill_(step)
+            hidden.copy_(net.embed[100 * step + 1])
+            graph.replay()
+            steps.append(logits.clone())
+        results.append((torch.stack(steps), net.k_cache[:, :, :, :8].clone(), net.v_cache[:, :, :, :8].clone()))
+        del net, graph
+    for without, with_pdl in zip(*results):
+        assert torch.equal(without, with_pdl)
+    assert results[0][0].abs().max() > 0
