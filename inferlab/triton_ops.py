@@ -14,6 +14,9 @@ weight tile; for attention the rotary tables and the first cache rows), and only
 for the previous kernel's results (``gdc_wait``). The greedy step kernel is launched without
 PDL, so every decode step starts after the previous step has completely finished.
 
+From ROWS_MIN_BATCH batch rows on, the projections run `_gemv_rows_kernel` instead: small matrix
+products on the tensor cores that read each weight tile once for the whole batch.
+
 Launch shapes (rows per program, K-tile, warps, pipelining depth) come from `gemv_config`,
 measured per matrix shape on an H200 by ``perf_tests/scripts/kernel_configs.py``; other shapes
 get the default row. Importing this module needs Triton; `inferlab.fast` imports it only for
@@ -168,6 +171,91 @@ def _gemv_kernel(
     tl.store(out_ptr + m * N + offs_n, y.to(out_ptr.dtype.element_ty), mask=mask_n)
 
 
+@triton.jit
+def _rms_scales(x_rows, mask_m, eps, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) for each of BLOCK_M rows of K elements."""
+    total = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        v = tl.load(x_rows + offs[None, :], mask=mask_m[:, None] & (offs[None, :] < K), other=0.0).to(tl.float32)
+        total += v * v
+    return 1.0 / tl.sqrt(tl.sum(total, axis=1) / K + eps)
+
+
+@triton.jit
+def _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K: tl.constexpr, NORM: tl.constexpr, dtype):
+    """x[rows, offs_k] as float32 [BLOCK_M, BLOCK_K], rounded like `_input_tile`."""
+    mask_k = offs_k < K
+    xv = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+    if NORM:
+        g = tl.load(norm_ptr + offs_k, mask=mask_k, other=0.0)
+        xv = (xv.to(tl.float32) * scale[:, None]).to(dtype)
+        xv = (g.to(tl.float32)[None, :] * xv.to(tl.float32)).to(dtype)
+    return xv.to(tl.float32)
+
+
+@triton.jit
+def _gemv_rows_kernel(
+    x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr,
+    M, eps,
+    N: tl.constexpr, K: tl.constexpr,
+    NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+    PDL: tl.constexpr, FP32: tl.constexpr,
+):
+    """out[m, n] for BLOCK_M rows m and BLOCK_N consecutive n, as a matrix product on the tensor
+    cores: each tile of W is read once for all the rows, so a batch costs one read of the weights."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_n, mask_m = offs_n < N, offs_m < M
+    rows = offs_n.to(tl.int64)[:, None] * K
+    up_rows = (offs_n + N).to(tl.int64)[:, None] * K
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K
+    dtype = w_ptr.dtype.element_ty
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    scale = tl.full([BLOCK_M], 1.0, tl.float32)
+    if NORM:
+        scale = _rms_scales(x_rows, mask_m, eps, K, BLOCK_M, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype).to(dtype)  # [BM, BK]
+        w = _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K)  # [BN, BK]
+        if FP32:  # no TF32: the same products as the specification's float32 matmul
+            acc = tl.dot(xv, tl.trans(w), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(xv, tl.trans(w), acc)
+        if GATED:
+            u = _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K)
+            if FP32:
+                acc_up = tl.dot(xv, tl.trans(u), acc_up, input_precision="ieee")
+            else:
+                acc_up = tl.dot(xv, tl.trans(u), acc_up)
+    y = acc.to(dtype)
+    if GATED:
+        gate = y.to(tl.float32)
+        y = (gate / (1.0 + tl.exp(-gate))).to(dtype)
+        y = (y.to(tl.float32) * acc_up.to(dtype).to(tl.float32)).to(dtype)
+    at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    if RESIDUAL:
+        r = tl.load(res_ptr + at, mask=mask, other=0.0)
+        y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# From ROWS_MIN_BATCH rows on, the tensor-core kernel (tiles of at least 16 x 16 x 16); below it,
+# one `_gemv_kernel` program per row and weight block, sharing each tile between rows through L2.
+# On the H200 (TinyLlama step, kernel_configs.py --batch-sizes): per-row 0.96 / 1.50 / 2.66 ms at
+# batch 2 / 4 / 8, tensor-core kernel 1.30 / 1.33 / 1.36 ms.
+ROWS_MIN_BATCH = 4
+ROWS_GEMV = LaunchConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # best of 12 at batch 4 on the H200
+ROWS_BLOCK_M = 16
+
+
 def gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -180,20 +268,31 @@ def gemv(
     config: LaunchConfig | None = None,
     pdl: bool | None = None,
 ) -> torch.Tensor:
-    """Same contract as `inferlab.decode_ops.gemv`: x [M, K], weight [N or 2N, K] -> [M, N]."""
+    """Same contract as `inferlab.decode_ops.gemv`: x [M, K], weight [N or 2N, K] -> [M, N].
+
+    Fewer than ROWS_MIN_BATCH rows run `_gemv_kernel` with `config` (default: `gemv_config`),
+    more run `_gemv_rows_kernel` with `config` (default ROWS_GEMV).
+    """
     M, K = x.shape
     N = weight.shape[0] // 2 if gated else weight.shape[0]
     assert weight.shape[1] == K and x.is_contiguous() and weight.is_contiguous(), (x.shape, weight.shape)
-    c = config or gemv_config(N, K, gated)
     out = torch.empty(M, N, device=x.device, dtype=out_dtype or x.dtype)
-    grid = (M * triton.cdiv(N, c.block_n),)
     pdl = _use_pdl(x.device, pdl)
-    _gemv_kernel[grid](
-        x, weight, x if norm is None else norm, x if residual is None else residual, out,
-        M, eps, N=N, K=K,
-        NORM=norm is not None, GATED=gated, RESIDUAL=residual is not None,
-        BLOCK_N=c.block_n, BLOCK_K=c.block_k, EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0,
-        PDL=pdl, num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
+    operands = (x, weight, x if norm is None else norm, x if residual is None else residual, out, M, eps)
+    flags = dict(N=N, K=K, NORM=norm is not None, GATED=gated, RESIDUAL=residual is not None, PDL=pdl)
+    if M < ROWS_MIN_BATCH:
+        c = config or gemv_config(N, K, gated)
+        _gemv_kernel[(M * triton.cdiv(N, c.block_n),)](
+            *operands, **flags, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+            EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0,
+            num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
+        )
+        return out
+    c = config or ROWS_GEMV
+    _gemv_rows_kernel[(triton.cdiv(N, c.block_n), triton.cdiv(M, ROWS_BLOCK_M))](
+        *operands, **flags, BLOCK_M=ROWS_BLOCK_M, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, FP32=weight.dtype == torch.float32,
+        num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
     )
     return out
 

@@ -43,16 +43,19 @@ def assert_same_function(ours: torch.Tensor, expected: torch.Tensor) -> None:
         assert error < 2**-7, f"relative error {error:.2e}"
 
 
-# (N, K) with tiles of 8 rows x 64 columns: masked edges (N = 40, K = 96 are not multiples),
-# unmasked loads over two K tiles, and a single tile (the loop after the first tile is empty).
+# (N, K) with tiles of 8 (or 16) rows x 64 columns: masked edges (N = 40, K = 96 are not
+# multiples), unmasked loads over two K tiles, and a single tile (the loop after the first tile
+# is empty).
 SHAPES = {"masked": (40, 96), "two-tiles": (32, 128), "one-tile": (16, 64)}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
-def test_gemv_kernel_computes_the_specified_function(kernels, dtype, shape, variant):
-    M, (N, K) = 3, SHAPES[shape]
+# one row; a few rows, one program each; the tensor-core kernel with masked rows; two blocks of 16 rows
+@pytest.mark.parametrize("M", [1, 3, 5, 17])
+def test_gemv_kernel_computes_the_specified_function(kernels, dtype, shape, variant, M):
+    N, K = SHAPES[shape]
     x, norm, residual = draw(M, K, dtype=dtype, seed=1), draw(K, dtype=dtype, seed=2), draw(M, N, dtype=dtype, seed=3)
     weight = draw(2 * N if variant == "gated" else N, K, dtype=dtype, seed=4, scale=0.1)
     kwargs = {
@@ -62,7 +65,8 @@ def test_gemv_kernel_computes_the_specified_function(kernels, dtype, shape, vari
         "gated": dict(norm=norm, eps=1e-5, gated=True),
         "logits": dict(norm=norm, eps=1e-5, out_dtype=torch.float32),
     }[variant]
-    config = kernels.LaunchConfig(block_n=8, block_k=64, num_warps=4, num_stages=1)
+    # one program per row: tiles of 8 x 64; the tensor-core kernel: tiles at least 16 wide
+    config = kernels.LaunchConfig(block_n=8 if M < kernels.ROWS_MIN_BATCH else 16, block_k=64, num_warps=4, num_stages=1)
     ours = kernels.gemv(x, weight, config=config, **kwargs)
     expected = decode_ops.gemv(x, weight, **kwargs)
     assert ours.shape == (M, N)
@@ -137,11 +141,12 @@ def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
-def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny):
+@pytest.mark.parametrize("batch", [2, 4])  # GEMVs of one program per row; the tensor-core kernel
+def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch):
     from inferlab.models import load_model
 
     model = tiny.model if DEVICE.type == "cpu" else load_model("tiny-random", DEVICE, torch.float32).model
-    prompt = random_prompt(model.config.vocab_size, 6, 2, torch.Generator().manual_seed(3), DEVICE)
+    prompt = random_prompt(model.config.vocab_size, 6, batch, torch.Generator().manual_seed(3), DEVICE)
     config = DecodeConfig(6, ignore_eos=True)
     # on CUDA the kernels are also captured in the decode step's graph and replayed
     engine = FastEngine(model, FastOptions(compile=False, graphs=DEVICE.type == "cuda", triton=True))

@@ -17,6 +17,8 @@ here when they differ from those in use.
     --no-gemv-probe   skip the projections' launch-shape search (the rest takes ~1 minute)
     --narrow          search only near the H200's best shapes
     --no-pdl          probe the kernels launched one after another
+    --batch-sizes     only the decode step at several batch sizes: one GEMV program per row
+                      against the tensor-core batched kernel's launch shapes
 """
 
 from __future__ import annotations
@@ -161,15 +163,48 @@ def probe_attention(device, position: int, max_seq: int, pdl: bool) -> list[dict
     return rows
 
 
-def step_tpot(loaded, measured, options: FastOptions, label: str) -> dict:
-    bench = BenchConfig(engine="fast", prompt_length=128, output_length=128, warmup_runs=3, runs=10)
+def step_tpot(loaded, measured, options: FastOptions, label: str, batch_size: int = 1) -> dict:
+    bench = BenchConfig(engine="fast", prompt_length=128, output_length=128, batch_size=batch_size, warmup_runs=3, runs=10)
     result = run_benchmark(loaded, bench, measured, engine=FastEngine(loaded.model, options))
     s = result.summary
     line = result.roofline_summary()
     print(f"step {label}: TTFT p50 {s['ttft_ms']['p50']:.3f} ms | TPOT p50 {s['tpot_ms']['p50']:.4f} p99 "
           f"{s['tpot_ms']['p99']:.4f} ms | {100 * line['fraction_of_peak']:.1f}% of copy bandwidth | prepare "
           f"{result.prepare_ms / 1e3:.1f} s", flush=True)
-    return {"label": label, "summary": s, "roofline": line, "prepare_ms": result.prepare_ms}
+    return {"label": label, "batch_size": batch_size, "summary": s, "roofline": line, "prepare_ms": result.prepare_ms}
+
+
+ROWS_CANDIDATES = [ops.LaunchConfig(bn, bk, 4, stages) for bn in (16, 32) for bk in (128, 256, 512) for stages in (3, 4)]
+
+
+def batched_steps(loaded, measured, batch_sizes: list[int], budget_s: float, candidates) -> list[dict]:
+    """The decode step at each batch size: one program per row (per-row) against the tensor-core
+    kernel with each candidate launch shape, until the budget runs out."""
+    in_use = ops.ROWS_MIN_BATCH, ops.ROWS_GEMV
+    deadline = time.perf_counter() + budget_s
+    steps = []
+    options = FastOptions(compile=False, graphs=True, triton=True)
+    for batch_size in batch_sizes:
+        if batch_size == 1:
+            steps.append(step_tpot(loaded, measured, options, "triton, batch 1", 1))
+            continue
+        ops.ROWS_MIN_BATCH = batch_size + 1
+        steps.append({**step_tpot(loaded, measured, options, f"triton, batch {batch_size}, per-row", batch_size),
+                      "batched_gemv": "per-row"})
+        ops.ROWS_MIN_BATCH = 2
+        for config in candidates:
+            if time.perf_counter() > deadline:
+                break
+            ops.ROWS_GEMV = config
+            label = f"triton, batch {batch_size}, rows {config.__dict__}"
+            try:
+                step = step_tpot(loaded, measured, options, label, batch_size)
+            except Exception as error:  # a shape the compiler rejects (shared memory, registers)
+                print(f"step {label}: {type(error).__name__}: {str(error).splitlines()[0][:120]}", flush=True)
+                continue
+            steps.append({**step, "batched_gemv": "rows", "config": config.__dict__})
+    ops.ROWS_MIN_BATCH, ops.ROWS_GEMV = in_use
+    return steps
 
 
 def graph_us(body, replays: int = 200) -> float:
@@ -221,6 +256,11 @@ def main() -> int:
     parser.add_argument("--narrow", action="store_true", help="only the neighbourhood of the H200's best tiles")
     parser.add_argument("--no-pdl", action="store_true", help="probe the kernels launched one after another")
     parser.add_argument("--no-gemv-probe", action="store_true", help="skip probing the projections' launch shapes")
+    parser.add_argument("--batch-sizes", default=None,
+                        help="only the decode step at these batch sizes (e.g. 1,2,4,8): per-row programs against the "
+                             "tensor-core kernel's launch shapes, within --probe-budget-s")
+    parser.add_argument("--rows-candidates", choices=("all", "in-use"), default="all",
+                        help="the tensor-core kernel's launch shapes to try: all candidates, or ROWS_GEMV only")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("kernel_configs: needs a CUDA device", file=sys.stderr)
@@ -234,6 +274,14 @@ def main() -> int:
 
     print(f"{env['device_name']} | torch {env['torch']} | triton {triton.__version__} | CUDA {env['cuda']} | "
           f"driver {env['driver']} | copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
+    if args.batch_sizes:
+        loaded = load_model("tinyllama-1.1b-random", device, torch.bfloat16)
+        candidates = ROWS_CANDIDATES if args.rows_candidates == "all" else [ops.ROWS_GEMV]
+        steps = batched_steps(loaded, measured, [int(b) for b in args.batch_sizes.split(",")], args.probe_budget_s,
+                              candidates)
+        (args.out / "kernels.json").write_text(json.dumps({"environment": env, "triton": triton.__version__,
+                                                            "bandwidth": bandwidth, "steps": steps}, indent=1))
+        return 0
     deadline = time.perf_counter() + args.probe_budget_s
     pdl = ops.pdl_supported(device) and not args.no_pdl
     print(f"programmatic dependent launch: {'on' if pdl else 'off'}", flush=True)
