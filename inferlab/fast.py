@@ -288,6 +288,11 @@ class FastEngine:
         self.uniform = None if config.sampling.greedy else torch.rand(B, vocab, device=dev)
         self.prompt_length = S
         self.new_tokens = N
+        self.kernels = None  # the decode step's operations when it runs the Triton kernels
+        if self.options.triton:
+            from inferlab import triton_ops
+
+            self.kernels = triton_ops.Kernels(pdl=self.options.pdl)
 
         prefill, decode = self._prefill_body, self._decode_body
         if self.options.compile:
@@ -310,21 +315,18 @@ class FastEngine:
         self.position.fill_(self.prompt_length)
 
     def _decode_body(self) -> None:
-        if self.options.triton:
-            from inferlab import triton_ops
-
-            kernels = triton_ops.Kernels(pdl=self.options.pdl)
-            logits = self.net.decode_hidden(self.hidden, self.position, kernels)
-            if self.sampling.greedy:  # argmax, next embedding and bookkeeping: one kernel
-                kernels.greedy_step(logits, self.net.embed, self.hidden, self.tokens, self.out, self.position,
-                                    self.prompt_length)
-                return
-        else:
+        if self.kernels is None:
             logits = self.net(self.tokens, self.position)[:, -1]
+        else:
+            logits = self.net.decode_hidden(self.hidden, self.position, self.kernels)
+            if self.sampling.greedy:  # argmax, next embedding and bookkeeping: one kernel
+                self.kernels.greedy_step(logits, self.net.embed, self.hidden, self.tokens, self.out, self.position,
+                                         self.prompt_length)
+                return
         nxt = pick(logits, self.sampling, self.uniform)
         self.tokens.copy_(nxt[:, None])
         self.out.index_copy_(1, self.position - self.prompt_length + 1, nxt[:, None])
-        if self.options.triton:
+        if self.kernels is not None:
             self.hidden.copy_(F.embedding(nxt, self.net.embed))
         self.position.add_(1)
 
