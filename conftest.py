@@ -24,14 +24,14 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="session")
 def tiny():
-    from inferlab.models import load_model
+    from inferlab.model.registry import load_model
 
     return load_model("tiny-random", CPU, torch.float32)
 
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from inferlab.models import load_model
+    from inferlab.model.registry import load_model
 
     return load_model("smollm2-135m", CPU, torch.float32)
 

@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sampling(args):
-    from inferlab.sampling import SamplingConfig
+    from inferlab.decode.sampling import SamplingConfig
 
     sample = args.temperature is not None or args.top_k is not None or args.top_p is not None
     if not sample:
@@ -156,9 +156,9 @@ def _sampling(args):
 
 
 def _load(args, default: bool = False):
-    from inferlab import layouts
-    from inferlab.dtypes import resolve_device, resolve_dtype
-    from inferlab.models import default_model, load_model
+    from inferlab.model import layouts
+    from inferlab.model.devices import resolve_device, resolve_dtype
+    from inferlab.model.registry import default_model, load_model
 
     from transformers.utils import logging as hf_logging
 
@@ -175,14 +175,14 @@ def _load(args, default: bool = False):
 
 
 def cmd_env(args) -> int:
-    from inferlab.inspection import environment_report, format_environment
+    from inferlab.look.inspection import environment_report, format_environment
 
     print(format_environment(environment_report()))
     return 0
 
 
 def cmd_inspect(args) -> int:
-    from inferlab.inspection import format_model_report, inspect_model, report_dict
+    from inferlab.look.inspection import format_model_report, inspect_model, report_dict
 
     report = inspect_model(_load(args))
     print(json.dumps(report_dict(report), indent=2) if args.json else format_model_report(report))
@@ -192,8 +192,8 @@ def cmd_inspect(args) -> int:
 def cmd_trace(args) -> int:
     import torch
 
-    from inferlab.prompts import from_texts, random_prompt
-    from inferlab.trace import format_trace, trace_forward
+    from inferlab.decode.prompts import from_texts, random_prompt
+    from inferlab.look.trace import format_trace, trace_forward
 
     loaded = _load(args)
     if args.prompt is not None:
@@ -202,7 +202,7 @@ def cmd_trace(args) -> int:
         generator = torch.Generator().manual_seed(0)
         prompt = random_prompt(loaded.model.config.vocab_size, args.prompt_length, args.batch_size, generator, loaded.device)
     if args.engine == "fast":
-        from inferlab.fast_trace import format_fast_trace, trace_fast_decode
+        from inferlab.look.fast_trace import format_fast_trace, trace_fast_decode
 
         print(format_fast_trace(trace_fast_decode(loaded.model, prompt, all_layers=args.all_layers)))
         return 0
@@ -213,9 +213,9 @@ def cmd_trace(args) -> int:
 def cmd_generate(args) -> int:
     import torch
 
-    from inferlab.bench import check_fits
-    from inferlab.decode import DecodeConfig, generate
-    from inferlab.prompts import from_texts
+    from inferlab.measure.bench import check_fits
+    from inferlab.decode.loop import DecodeConfig, generate
+    from inferlab.decode.prompts import from_texts
 
     sampling = _sampling(args)
     if any(not text.strip() for text in args.prompt):
@@ -244,15 +244,16 @@ def cmd_generate(args) -> int:
 
 
 def _bandwidth(loaded, no_probe: bool):
-    from inferlab import fingerprint, roofline
+    from inferlab.measure import fingerprint
+    from inferlab.measure import roofline
 
     return roofline.device_bandwidth(loaded.device, fingerprint.device_name(loaded.device), probe=not no_probe)
 
 
 def cmd_bench(args) -> int:
-    from inferlab import layouts
-    from inferlab.bench import BenchConfig, run_benchmark
-    from inferlab.report import format_result
+    from inferlab.model import layouts
+    from inferlab.measure.bench import BenchConfig, run_benchmark
+    from inferlab.look.tables import format_result
     from inferlab.storage import new_run_folder, write_json_atomic
 
     config = BenchConfig(
@@ -275,7 +276,8 @@ def cmd_bench(args) -> int:
 def cmd_sweep(args) -> int:
     import tempfile
 
-    from inferlab import layouts, sweep
+    from inferlab.model import layouts
+    from inferlab.suite import sweep
     from inferlab.storage import new_run_folder
 
     config = sweep.SweepConfig(
@@ -301,8 +303,8 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_timing_demo(args) -> int:
-    from inferlab.dtypes import resolve_device
-    from inferlab.timing_demo import format_demo, run_demo
+    from inferlab.model.devices import resolve_device
+    from inferlab.look.timing_demo import format_demo, run_demo
 
     device = resolve_device(args.device)
     print(format_demo(run_demo(device, args.size, args.repeats)))
@@ -310,7 +312,7 @@ def cmd_timing_demo(args) -> int:
 
 
 def cmd_gate(args) -> int:
-    from inferlab import gate
+    from inferlab.suite import gate
 
     base = ([args.base] if args.base else []) + list(args.base_runs)
     head = ([args.head] if args.head else []) + list(args.head_runs)
@@ -349,9 +351,9 @@ def _launch_if_needed(args, argv: list[str]) -> int | None:
     """For a multi-process layout: check it, then run this same command under torchrun."""
     if not hasattr(args, "layout"):
         return None
-    from inferlab import layouts
-    from inferlab.bench import check_engine_layout
-    from inferlab.dtypes import resolve_device
+    from inferlab.model import layouts
+    from inferlab.measure.bench import check_engine_layout
+    from inferlab.model.devices import resolve_device
 
     layout = layouts.parse_layout(args.layout)
     for engine in getattr(args, "engines", None) or [args.engine]:

@@ -5,10 +5,10 @@ import json
 import pytest
 import torch
 
-from inferlab.bench import SCHEMA, BenchConfig, decode_config, build_prompt, result_from_dict, run_benchmark
-from inferlab.engines import make_engine
+from inferlab.measure.bench import SCHEMA, BenchConfig, decode_config, build_prompt, result_from_dict, run_benchmark
+from inferlab.decode.engines import make_engine
 from inferlab.errors import UsageError
-from inferlab.timing import HostClock
+from inferlab.measure.clocks import HostClock
 
 
 def test_result_keeps_every_raw_timestamp_and_round_trips_through_json(tiny):

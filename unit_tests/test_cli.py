@@ -112,7 +112,7 @@ def test_engine_options_name_every_engine():
     """The CLI spells the engine list out (it does not import torch to parse arguments): it must
     stay the list the engines module accepts."""
     from inferlab.cli import build_parser
-    from inferlab.engines import ENGINE_NAMES
+    from inferlab.decode.engines import ENGINE_NAMES
 
     commands = next(a for a in build_parser()._actions if a.dest == "command").choices
     for command, option in (("bench", "engine"), ("sweep", "engines")):

@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from inferlab import kvcache
-from inferlab.decode import DecodeConfig, generate, generate_steps
-from inferlab.prompts import from_ids, from_texts, random_prompt
-from inferlab.sampling import SamplingConfig
+from inferlab.decode import kvcache
+from inferlab.decode.loop import DecodeConfig, generate, generate_steps
+from inferlab.decode.prompts import from_ids, from_texts, random_prompt
+from inferlab.decode.sampling import SamplingConfig
 
 CPU = torch.device("cpu")
 SAMPLERS = {
@@ -162,7 +162,7 @@ def test_seeded_sampling_equals_generate_on_smollm2(smollm2):
 
 @pytest.mark.gpu
 def test_bf16_greedy_and_sampling_equal_generate_on_tinyllama_random_gpu(cuda_device):
-    from inferlab.models import load_model
+    from inferlab.model.registry import load_model
 
     lm = load_model("tinyllama-1.1b-random", cuda_device, torch.bfloat16)
     prompt = random_prompt(32000, 64, 2, torch.Generator().manual_seed(0), cuda_device)

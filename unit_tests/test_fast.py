@@ -4,13 +4,13 @@ sampling that draws from the warped distribution; on the CPU without CUDA graphs
 import pytest
 import torch
 
-from inferlab.decode import DecodeConfig, generate
-from inferlab.engines import make_engine
+from inferlab.decode.loop import DecodeConfig, generate
+from inferlab.decode.engines import make_engine
 from inferlab.errors import UsageError
-from inferlab.fast import FastEngine, FastLlama, FastOptions, pick
-from inferlab.prompts import from_ids, random_prompt
-from inferlab.sampling import SamplingConfig
-from inferlab.timing import HostClock
+from inferlab.fast.engine import FastEngine, FastLlama, FastOptions, pick
+from inferlab.decode.prompts import from_ids, random_prompt
+from inferlab.decode.sampling import SamplingConfig
+from inferlab.measure.clocks import HostClock
 
 CPU = torch.device("cpu")
 CPU_EAGER = FastOptions(compile=False, graphs=False)
@@ -110,8 +110,8 @@ def test_compiled_on_cpu_gives_the_eager_loops_tokens(tiny):
 
 @pytest.mark.gpu
 def test_cuda_graph_replay_gives_the_eager_loops_tokens():
-    from inferlab.models import load_model
-    from inferlab.timing import CudaEventClock
+    from inferlab.model.registry import load_model
+    from inferlab.measure.clocks import CudaEventClock
 
     device = torch.device("cuda")
     loaded = load_model("tiny-random", device, torch.float32)
@@ -125,7 +125,7 @@ def test_cuda_graph_replay_gives_the_eager_loops_tokens():
 def test_compile_options_extend_the_mode_without_touching_global_inductor_settings():
     import torch._inductor.config as inductor_config
 
-    from inferlab.fast import compile_options
+    from inferlab.fast.engine import compile_options
 
     before = inductor_config.coordinate_descent_tuning
     options = compile_options(FastOptions(compile_mode="max-autotune-no-cudagraphs", coordinate_descent=False))

@@ -13,7 +13,7 @@ import statistics
 import numpy as np
 import pytest
 
-from inferlab import gate
+from inferlab.suite import gate
 from inferlab.cli import main
 from inferlab.errors import UsageError
 

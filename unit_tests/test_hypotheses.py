@@ -2,7 +2,7 @@
 
 import pytest
 
-from inferlab.hypotheses import (
+from inferlab.suite.hypotheses import (
     DOES_NOT_HOLD,
     HOLDS,
     NOT_ENOUGH_DATA,
@@ -12,7 +12,7 @@ from inferlab.hypotheses import (
     check_ttft_independent,
     linear_fit,
 )
-from inferlab.metrics import RunTimes
+from inferlab.measure.metrics import RunTimes
 
 LENGTHS = (10, 50, 100, 500)
 # Sums of a few hundred exactly representable values: only the last bits can round.

@@ -7,9 +7,9 @@ import torch
 
 from inferlab.cli import main
 from inferlab.errors import UsageError
-from inferlab.inspection import environment_report, format_environment, inspect_model, kv_bytes_per_position, module_kind
-from inferlab.prompts import random_prompt
-from inferlab.trace import evaluate, format_trace, mismatches, trace_forward
+from inferlab.look.inspection import environment_report, format_environment, inspect_model, kv_bytes_per_position, module_kind
+from inferlab.decode.prompts import random_prompt
+from inferlab.look.trace import evaluate, format_trace, mismatches, trace_forward
 
 CPU = torch.device("cpu")
 
@@ -103,7 +103,7 @@ def test_trace_records_one_layer_unless_all_are_asked_for(tiny):
 
 
 def test_trace_leaves_no_hooks_and_agrees_with_the_decode_loop(tiny):
-    from inferlab.decode import DecodeConfig, generate
+    from inferlab.decode.loop import DecodeConfig, generate
 
     prompt = prompt_of(tiny.model, 6)
     trace = trace_forward(tiny.model, prompt)
@@ -119,7 +119,7 @@ def test_symbols_evaluate_products():
 def test_trace_refuses_a_model_of_another_layout():
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from inferlab.prompts import Prompt
+    from inferlab.decode.prompts import Prompt
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64)).eval()
     prompt = Prompt(torch.zeros(1, 3, dtype=torch.long), torch.ones(1, 3, dtype=torch.long))
@@ -149,8 +149,8 @@ def test_symbols_evaluate_sums_of_products_with_integers():
 
 
 def test_fast_trace_records_the_engine_step_kernel_by_kernel(tiny):
-    from inferlab.fast_trace import mismatches as fast_mismatches
-    from inferlab.fast_trace import trace_fast_decode
+    from inferlab.look.fast_trace import mismatches as fast_mismatches
+    from inferlab.look.fast_trace import trace_fast_decode
 
     trace = trace_fast_decode(tiny.model, prompt_of(tiny.model, 5, batch=2))
     layer_roles = ["[q; k; v] projection", "attention", "o projection", "[gate; up] projection", "down projection"]
@@ -168,10 +168,10 @@ def test_fast_trace_records_the_engine_step_kernel_by_kernel(tiny):
 
 
 def test_fast_trace_next_token_is_the_fast_engines_second_token(tiny):
-    from inferlab.decode import DecodeConfig
-    from inferlab.engines import make_engine
-    from inferlab.fast_trace import trace_fast_decode
-    from inferlab.timing import clock_for
+    from inferlab.decode.loop import DecodeConfig
+    from inferlab.decode.engines import make_engine
+    from inferlab.look.fast_trace import trace_fast_decode
+    from inferlab.measure.clocks import clock_for
 
     prompt = prompt_of(tiny.model, 6)
     engine = make_engine("fast-nocompile", tiny.model)
@@ -182,8 +182,8 @@ def test_fast_trace_next_token_is_the_fast_engines_second_token(tiny):
 
 
 def test_fast_trace_refuses_padded_prompts(tiny):
-    from inferlab.fast_trace import trace_fast_decode
-    from inferlab.prompts import Prompt
+    from inferlab.look.fast_trace import trace_fast_decode
+    from inferlab.decode.prompts import Prompt
 
     prompt = Prompt(torch.ones(2, 3, dtype=torch.long), torch.tensor([[1, 1, 1], [0, 1, 1]]))
     with pytest.raises(UsageError, match="equal length"):

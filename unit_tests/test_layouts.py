@@ -12,7 +12,7 @@ import torch
 
 from inferlab.cli import main
 from inferlab.errors import UsageError
-from inferlab.layouts import Layout, check_devices, parse_layout, pipeline_device_map, torchrun_command
+from inferlab.model.layouts import Layout, check_devices, parse_layout, pipeline_device_map, torchrun_command
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -92,10 +92,10 @@ def test_tensor_parallel_bench_runs_two_ranks_and_rank_0_reports(tmp_path):
 
 WORKER = """
 import sys, torch
-from inferlab.decode import DecodeConfig, generate_steps
-from inferlab.layouts import Layout, rank
-from inferlab.models import load_model
-from inferlab.prompts import random_prompt
+from inferlab.decode.loop import DecodeConfig, generate_steps
+from inferlab.model.layouts import Layout, rank
+from inferlab.model.registry import load_model
+from inferlab.decode.prompts import random_prompt
 
 loaded = load_model("tiny-random", torch.device("cpu"), torch.float32, layout=Layout("tp", 2))
 shard = loaded.model.model.layers[0].self_attn.q_proj.weight.to_local().shape
@@ -108,7 +108,7 @@ if rank() == 0:
 
 
 def test_tensor_parallel_decoding_matches_the_single_device_model(tiny, tmp_path):
-    from inferlab.prompts import random_prompt
+    from inferlab.decode.prompts import random_prompt
 
     script, saved = tmp_path / "worker.py", tmp_path / "tp.pt"
     script.write_text(WORKER)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from inferlab.metrics import RunTimes, percentiles, summarize
+from inferlab.measure.metrics import RunTimes, percentiles, summarize
 
 
 def test_ttft_tpot_e2e_and_itl_from_timestamps():

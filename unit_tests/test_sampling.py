@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from inferlab.sampling import SamplingConfig, apply_temperature, apply_top_k, apply_top_p, select, warp
+from inferlab.decode.sampling import SamplingConfig, apply_temperature, apply_top_k, apply_top_p, select, warp
 
 NEG_INF = float("-inf")
 

@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from inferlab import sweep
+from inferlab.suite import sweep
 from inferlab.cli import main
-from inferlab.engines import EagerEngine, make_engine
+from inferlab.decode.engines import EagerEngine, make_engine
 from inferlab.errors import UsageError
-from inferlab.hypotheses import NOT_ENOUGH_DATA
+from inferlab.suite.hypotheses import NOT_ENOUGH_DATA
 from inferlab.storage import new_run_folder
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

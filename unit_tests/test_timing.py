@@ -5,7 +5,7 @@ import time
 import pytest
 import torch
 
-from inferlab.timing import CudaEventClock, HostClock, clock_for
+from inferlab.measure.clocks import CudaEventClock, HostClock, clock_for
 
 
 def test_host_clock_offsets_are_increasing_and_measured_from_start():

@@ -7,11 +7,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inferlab import decode_ops
-from inferlab.decode import DecodeConfig, generate
-from inferlab.fast import FastEngine, FastLlama, FastOptions
-from inferlab.prompts import random_prompt
-from inferlab.timing import HostClock
+from inferlab.fast import spec as decode_ops
+from inferlab.decode.loop import DecodeConfig, generate
+from inferlab.fast.engine import FastEngine, FastLlama, FastOptions
+from inferlab.decode.prompts import random_prompt
+from inferlab.measure.clocks import HostClock
 
 pytest.importorskip("triton", reason="Triton is not installed (requirements/test.txt installs it)")
 
@@ -21,7 +21,7 @@ DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]
 
 @pytest.fixture(scope="module")
 def kernels():
-    from inferlab import triton_ops
+    from inferlab.fast import kernels as triton_ops
 
     return triton_ops
 
@@ -143,7 +143,7 @@ def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
 
 @pytest.mark.parametrize("batch", [2, 4])  # GEMVs of one program per row; the tensor-core kernel
 def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch):
-    from inferlab.models import load_model
+    from inferlab.model.registry import load_model
 
     model = tiny.model if DEVICE.type == "cpu" else load_model("tiny-random", DEVICE, torch.float32).model
     prompt = random_prompt(model.config.vocab_size, 6, batch, torch.Generator().manual_seed(3), DEVICE)
@@ -156,8 +156,8 @@ def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, t
 
 def test_seeded_sampling_with_triton_kernels_draws_what_the_torch_step_draws(kernels, tiny):
     """Same logits (fp32) and the same uniform draws: the sampled tokens are identical."""
-    from inferlab.models import load_model
-    from inferlab.sampling import SamplingConfig
+    from inferlab.model.registry import load_model
+    from inferlab.decode.sampling import SamplingConfig
 
     model = tiny.model if DEVICE.type == "cpu" else load_model("tiny-random", DEVICE, torch.float32).model
     prompt = random_prompt(model.config.vocab_size, 5, 2, torch.Generator().manual_seed(4), DEVICE)
@@ -185,7 +185,7 @@ def test_dependent_launch_changes_the_timing_only(kernels):
     """The TinyLlama step's kernels chained with and without programmatic dependent launch, each
     captured in a CUDA graph and replayed over several positions: bit-identical logits and caches.
     A kernel that read its input before the previous kernel finished writing it would differ."""
-    from inferlab.models import load_model
+    from inferlab.model.registry import load_model
 
     if not kernels.pdl_supported(DEVICE):
         pytest.skip("programmatic dependent launch needs a Hopper or later GPU")

@@ -25,13 +25,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from inferlab import fingerprint, roofline
-from inferlab.bench import BenchConfig, build_prompt, decode_config, run_benchmark, run_once
-from inferlab.decode import DecodeConfig, generate_steps
-from inferlab.engines import make_engine
-from inferlab.fast import FastEngine, FastLlama, FastOptions
-from inferlab.models import default_model, load_model
-from inferlab.timing import clock_for, synchronize
+from inferlab.measure import fingerprint
+from inferlab.measure import roofline
+from inferlab.measure.bench import BenchConfig, build_prompt, decode_config, run_benchmark, run_once
+from inferlab.decode.loop import DecodeConfig, generate_steps
+from inferlab.decode.engines import make_engine
+from inferlab.fast.engine import FastEngine, FastLlama, FastOptions
+from inferlab.model.registry import default_model, load_model
+from inferlab.measure.clocks import clock_for, synchronize
 
 
 def reference_logits(model, prompt, tokens: torch.Tensor) -> torch.Tensor:
@@ -67,7 +68,7 @@ def correctness(loaded, prompt, new_tokens: int, fast_engine) -> dict:
     options = fast_engine.options
     kernels = None
     if options.triton:
-        from inferlab.triton_ops import Kernels
+        from inferlab.fast.kernels import Kernels
 
         kernels = Kernels(pdl=options.pdl)
     net = FastLlama(loaded.model, sdpa=options.sdpa)

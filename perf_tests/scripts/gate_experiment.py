@@ -54,7 +54,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from inferlab import gate  # noqa: E402
+from inferlab.suite import gate  # noqa: E402
 from inferlab.errors import UsageError  # noqa: E402
 from inferlab.storage import write_json_atomic  # noqa: E402
 

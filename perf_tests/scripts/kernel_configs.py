@@ -3,7 +3,7 @@
     PYTHONPATH=. python3 perf_tests/scripts/kernel_configs.py --out results/kernels
 
 For each matrix of one TinyLlama-1.1B decode step (bf16, batch 1) it checks the kernel against
-`inferlab.decode_ops` on random data, then times every candidate launch shape: the kernel is
+`inferlab.fast.spec` on random data, then times every candidate launch shape: the kernel is
 captured in a CUDA graph once per copy of its weight, over enough copies that the weights
 cannot sit in L2 (as in a real step, each matrix comes from device memory), and the graph is
 replayed. Time per kernel = replay time / copies; bandwidth = weight bytes / time. cuBLAS
@@ -34,11 +34,13 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from inferlab import decode_ops, fingerprint, roofline
-from inferlab import triton_ops as ops
-from inferlab.bench import BenchConfig, run_benchmark
-from inferlab.fast import FastEngine, FastOptions
-from inferlab.models import load_model
+from inferlab.fast import spec as decode_ops
+from inferlab.measure import fingerprint
+from inferlab.measure import roofline
+from inferlab.fast import kernels as ops
+from inferlab.measure.bench import BenchConfig, run_benchmark
+from inferlab.fast.engine import FastEngine, FastOptions
+from inferlab.model.registry import load_model
 
 # (name, N, K, kind): the five matrices of a TinyLlama decode step.
 SHAPES = [
@@ -215,8 +217,8 @@ def graph_us(body, replays: int = 200) -> float:
 @torch.inference_mode()
 def step_breakdown(loaded, position: int) -> dict:
     """Where a decode step's time goes: its parts captured and replayed on their own."""
-    from inferlab.fast import FastLlama, pick
-    from inferlab.sampling import SamplingConfig
+    from inferlab.fast.engine import FastLlama, pick
+    from inferlab.decode.sampling import SamplingConfig
 
     device = loaded.device
     net = FastLlama(loaded.model)

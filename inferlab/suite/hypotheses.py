@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from inferlab.metrics import RunTimes
+from inferlab.measure.metrics import RunTimes
 
 HOLDS = "holds"
 DOES_NOT_HOLD = "does not hold"

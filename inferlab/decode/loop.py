@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inferlab import kvcache
-from inferlab.prompts import Prompt
-from inferlab.sampling import SamplingConfig, select
+from inferlab.decode import kvcache
+from inferlab.decode.prompts import Prompt
+from inferlab.decode.sampling import SamplingConfig, select
 
 
 @dataclass(frozen=True)

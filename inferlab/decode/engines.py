@@ -8,8 +8,8 @@ does, once, in ``finish()``.
 - ``hf``: ``model.generate`` with its default dynamic cache.
 - ``hf-static``: ``model.generate(cache_implementation="static")``; on CUDA it compiles the
   decode step, so its first runs are slow: warm up before timing.
-- ``fast``: `inferlab.fast`: fused Llama, static cache, CUDA graphs; on CUDA the decode step runs
-  the hand-fused Triton kernels of `inferlab.triton_ops` and the prefill is compiled.
+- ``fast``: `inferlab.fast.engine`: fused Llama, static cache, CUDA graphs; on CUDA the decode step runs
+  the hand-fused Triton kernels of `inferlab.fast.kernels` and the prefill is compiled.
 - ``fast-inductor``: the same, with the whole decode step compiled by ``torch.compile``
   (max-autotune) instead of the Triton kernels: minutes of compiling.
 - ``fast-nocompile``: graphs of eager torch kernels, nothing compiled: starts in well under a
@@ -21,14 +21,14 @@ from __future__ import annotations
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from inferlab.decode import DecodeConfig, generate_steps
+from inferlab.decode.loop import DecodeConfig, generate_steps
 from inferlab.errors import UsageError
-from inferlab.prompts import Prompt
-from inferlab.timing import TokenClock
+from inferlab.decode.prompts import Prompt
+from inferlab.measure.clocks import TokenClock
 
 
 class EagerEngine:
-    """The manual loop of `inferlab.decode`."""
+    """The manual loop of `inferlab.decode.loop`."""
 
     name = "eager"
 
@@ -105,7 +105,7 @@ def make_engine(name: str, model):
     if name == "hf-static":
         return HFGenerateEngine(model, "static")
     if name in ("fast", "fast-inductor", "fast-nocompile"):
-        from inferlab.fast import FastEngine, FastOptions
+        from inferlab.fast.engine import FastEngine, FastOptions
 
         options = {
             "fast": FastOptions(),

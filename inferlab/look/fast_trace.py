@@ -1,13 +1,13 @@
 """The fast engine's decode step, kernel by kernel: what each fused operation reads and writes.
 
-`inferlab trace MODEL --engine fast` runs the prompt through `inferlab.fast.FastLlama`, then
+`inferlab trace MODEL --engine fast` runs the prompt through `inferlab.fast.engine.FastLlama`, then
 one greedy decode step exactly as the fast engine does (`FastLlama.decode_hidden`, then
 `greedy_step`), through `RecordingOps`: each call is passed on to the real operations (the
 Triton kernels on CUDA when Triton is installed, their torch specification `decode_ops`
 otherwise) and recorded with its operand shapes and what it fuses. The step's logits are then
 compared with the transformers model's on the same tokens.
 
-Symbols are those of `inferlab.trace`; T is the number of cached positions the step attends to.
+Symbols are those of `inferlab.look.trace`; T is the number of cached positions the step attends to.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from inferlab import decode_ops
-from inferlab.dtypes import dtype_name
+from inferlab.fast import spec as decode_ops
+from inferlab.model.devices import dtype_name
 from inferlab.errors import UsageError
-from inferlab.prompts import Prompt
-from inferlab.trace import evaluate, model_dims
+from inferlab.decode.prompts import Prompt
+from inferlab.look.trace import evaluate, model_dims
 
 
 @dataclass(frozen=True)
@@ -118,19 +118,19 @@ class RecordingOps:
 
 def _operations(device: torch.device):
     """The Triton kernels where they can run (CUDA with Triton installed), else `decode_ops`."""
-    from inferlab.fast import triton_available
+    from inferlab.fast.engine import triton_available
 
     if device.type == "cuda" and triton_available():
-        from inferlab import triton_ops
+        from inferlab.fast import kernels as triton_ops
 
-        return triton_ops.Kernels(pdl=False), "Triton kernels (inferlab.triton_ops)"
-    return decode_ops, "their torch specification (inferlab.decode_ops; the Triton kernels need CUDA)"
+        return triton_ops.Kernels(pdl=False), "Triton kernels (inferlab.fast.kernels)"
+    return decode_ops, "their torch specification (inferlab.fast.spec; the Triton kernels need CUDA)"
 
 
 @torch.inference_mode()
 def trace_fast_decode(model, prompt: Prompt, all_layers: bool = False) -> FastTrace:
     """Prefill the prompt, then run and record one greedy decode step of the fast engine."""
-    from inferlab.fast import FastLlama
+    from inferlab.fast.engine import FastLlama
 
     if bool((prompt.attention_mask == 0).any()):
         raise UsageError("the fast engine needs prompts of equal length (no padding): give one prompt or random ids")

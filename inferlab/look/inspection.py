@@ -10,9 +10,9 @@ from dataclasses import asdict, dataclass
 import torch
 import transformers
 
-from inferlab import fingerprint
-from inferlab.dtypes import dtype_name
-from inferlab.models import LoadedModel
+from inferlab.measure import fingerprint
+from inferlab.model.devices import dtype_name
+from inferlab.model.registry import LoadedModel
 
 GIB = 1024**3
 

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 
 import torch
 
-from inferlab import kvcache
-from inferlab.decode import prompt_positions
-from inferlab.dtypes import dtype_name
+from inferlab.decode import kvcache
+from inferlab.decode.loop import prompt_positions
+from inferlab.model.devices import dtype_name
 from inferlab.errors import UsageError
-from inferlab.prompts import Prompt
+from inferlab.decode.prompts import Prompt
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ What makes it fast, each a separate switch (`FastOptions`) so its effect can be 
 
 - fused projections: one [q; k; v] matrix and one [gate; up] matrix per layer (fewer, larger reads);
 - a static KV cache preallocated for prompt + output, written in place at each position;
-- a decode step of hand-fused Triton kernels (`inferlab.triton_ops`, specified by
-  `inferlab.decode_ops`): five per layer, each projection reading its matrix once with the
+- a decode step of hand-fused Triton kernels (`inferlab.fast.kernels`, specified by
+  `inferlab.fast.spec`): five per layer, each projection reading its matrix once with the
   RMSNorm, SiLU*up or residual add folded in, attention with RoPE and the cache write in one
   kernel, and for greedy decoding argmax, the next embedding and the position update in one;
   on Hopper the kernels are chained by programmatic dependent launch, so each one starts
@@ -32,17 +32,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferlab.decode import DecodeConfig
+from inferlab.decode.loop import DecodeConfig
 from inferlab.errors import UsageError
-from inferlab.prompts import Prompt
-from inferlab.sampling import SamplingConfig, warp
+from inferlab.decode.prompts import Prompt
+from inferlab.decode.sampling import SamplingConfig, warp
 
 
 @dataclass(frozen=True)
 class FastOptions:
     """Which optimizations are on. None means: on when the device is CUDA.
 
-    `triton`: the decode step runs the hand-fused kernels of `inferlab.triton_ops` (five per
+    `triton`: the decode step runs the hand-fused kernels of `inferlab.fast.kernels` (five per
     layer, see `FastLlama.decode`) instead of a compiled torch step; `compile` then applies to the
     prefill only. Otherwise the decode step is compiled with `compile_mode` (autotuned matrix
     kernels by default: it runs hundreds of times); the prefill runs once per request and uses
@@ -204,7 +204,7 @@ class FastLlama(nn.Module):
     def decode(self, tokens: torch.Tensor, position: torch.Tensor, ops) -> torch.Tensor:
         """One token per row: tokens [B, 1] at `position` [1] -> logits [B, V] (float32).
 
-        `ops` is `inferlab.triton_ops` (the GPU kernels) or `inferlab.decode_ops` (the same
+        `ops` is `inferlab.fast.kernels` (the GPU kernels) or `inferlab.fast.spec` (the same
         operations in torch).
         """
         return self.decode_hidden(F.embedding(tokens[:, 0], self.embed), position, ops)
@@ -290,7 +290,7 @@ class FastEngine:
         self.new_tokens = N
         self.kernels = None  # the decode step's operations when it runs the Triton kernels
         if self.options.triton:
-            from inferlab import triton_ops
+            from inferlab.fast import kernels as triton_ops
 
             self.kernels = triton_ops.Kernels(pdl=self.options.pdl)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferlab.bench import BenchResult
+from inferlab.measure.bench import BenchResult
 
 METRIC_ROWS = (
     ("TTFT (ms)", "ttft_ms"),

@@ -7,15 +7,16 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from inferlab import fingerprint, roofline
-from inferlab.decode import DecodeConfig
-from inferlab.engines import ENGINE_NAMES, make_engine
+from inferlab.measure import fingerprint
+from inferlab.measure import roofline
+from inferlab.decode.loop import DecodeConfig
+from inferlab.decode.engines import ENGINE_NAMES, make_engine
 from inferlab.errors import UsageError
-from inferlab.metrics import RunTimes, summarize
-from inferlab.models import LoadedModel
-from inferlab.prompts import Prompt, from_ids, encode_texts, random_prompt
-from inferlab.sampling import SamplingConfig
-from inferlab.timing import clock_for, synchronize
+from inferlab.measure.metrics import RunTimes, summarize
+from inferlab.model.registry import LoadedModel
+from inferlab.decode.prompts import Prompt, from_ids, encode_texts, random_prompt
+from inferlab.decode.sampling import SamplingConfig
+from inferlab.measure.clocks import clock_for, synchronize
 
 SCHEMA = "inferlab.bench/1"
 
@@ -214,7 +215,7 @@ def check_engine_layout(engine: str, layout) -> None:
 
 def make_fingerprint(loaded: LoadedModel, config: BenchConfig, prompt_length: int) -> dict:
     """The environment plus what was measured: model, dtype, engine and the shape of the request."""
-    from inferlab.dtypes import dtype_name
+    from inferlab.model.devices import dtype_name
 
     return {
         **fingerprint.environment(loaded.device),

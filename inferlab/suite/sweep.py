@@ -6,7 +6,7 @@ A run folder (made new by `storage.new_run_folder`, so nothing earlier is overwr
   it finishes, so an interrupt keeps it;
 - ``sweep.json`` (schema ``inferlab.sweep/1``: config, fingerprint, every result, verdicts),
   ``sweep.csv`` (one row per configuration), ``sweep.md`` (table and verdicts) and the four
-  PNG plots of `inferlab.plots`, written at the end, or for the finished configurations when
+  PNG plots of `inferlab.look.plots`, written at the end, or for the finished configurations when
   the sweep is interrupted.
 
 Each engine is built once for the whole sweep, so a compiling engine compiles once; the time
@@ -25,14 +25,15 @@ from typing import Protocol, Sequence
 
 import torch
 
-from inferlab import fingerprint as fingerprints
-from inferlab import hypotheses, plots
-from inferlab.bench import BenchConfig, BenchResult, check_fits, failed_result, run_benchmark
-from inferlab.dtypes import dtype_name
-from inferlab.engines import ENGINE_NAMES, make_engine
+from inferlab.measure import fingerprint as fingerprints
+from inferlab.suite import hypotheses
+from inferlab.look import plots
+from inferlab.measure.bench import BenchConfig, BenchResult, check_fits, failed_result, run_benchmark
+from inferlab.model.devices import dtype_name
+from inferlab.decode.engines import ENGINE_NAMES, make_engine
 from inferlab.errors import UsageError
-from inferlab.models import LoadedModel
-from inferlab.sampling import SamplingConfig
+from inferlab.model.registry import LoadedModel
+from inferlab.decode.sampling import SamplingConfig
 from inferlab.storage import write_json_atomic, write_text_atomic
 
 SCHEMA = "inferlab.sweep/1"

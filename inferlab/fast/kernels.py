@@ -1,4 +1,4 @@
-"""Triton kernels for one decode step at small batch, implementing `inferlab.decode_ops`.
+"""Triton kernels for one decode step at small batch, implementing `inferlab.fast.spec`.
 
 At batch 1 a decode step is a chain of matrix-vector products: the time is the time to read
 the weights once, plus a fixed cost per kernel. These kernels cut both: each projection is
@@ -19,7 +19,7 @@ products on the tensor cores that read each weight tile once for the whole batch
 
 Launch shapes (rows per program, K-tile, warps, pipelining depth) come from `gemv_config`,
 measured per matrix shape on an H200 by ``perf_tests/scripts/kernel_configs.py``; other shapes
-get the default row. Importing this module needs Triton; `inferlab.fast` imports it only for
+get the default row. Importing this module needs Triton; `inferlab.fast.engine` imports it only for
 CUDA (or under ``TRITON_INTERPRET=1``, which runs the kernels on the CPU for tests).
 """
 
@@ -268,7 +268,7 @@ def gemv(
     config: LaunchConfig | None = None,
     pdl: bool | None = None,
 ) -> torch.Tensor:
-    """Same contract as `inferlab.decode_ops.gemv`: x [M, K], weight [N or 2N, K] -> [M, N].
+    """Same contract as `inferlab.fast.spec.gemv`: x [M, K], weight [N or 2N, K] -> [M, N].
 
     Fewer than ROWS_MIN_BATCH rows run `_gemv_kernel` with `config` (default: `gemv_config`),
     more run `_gemv_rows_kernel` with `config` (default ROWS_GEMV).
@@ -387,7 +387,7 @@ def attention_decode(
     block_t: int = ATTENTION_BLOCK_T,
     pdl: bool | None = None,
 ) -> torch.Tensor:
-    """Same contract as `inferlab.decode_ops.attention_decode`; reads `position` on the device.
+    """Same contract as `inferlab.fast.spec.attention_decode`; reads `position` on the device.
 
     With programmatic dependent launch the kernel reads `position` and the cache rows before it
     ahead of the previous kernel's end: no kernel still running may write them. A decode step
@@ -448,7 +448,7 @@ def greedy_step(
     position: torch.Tensor,
     first_position: int,
 ) -> None:
-    """Same contract as `inferlab.decode_ops.greedy_step`, in one kernel.
+    """Same contract as `inferlab.fast.spec.greedy_step`, in one kernel.
 
     Launched without programmatic dependent launch: it starts after everything before it has
     finished, and the next step's kernels start after it has, the full dependency that
@@ -465,7 +465,7 @@ def greedy_step(
 
 @dataclass(frozen=True)
 class Kernels:
-    """These kernels with one launch mode, usable wherever `inferlab.decode_ops` is."""
+    """These kernels with one launch mode, usable wherever `inferlab.fast.spec` is."""
 
     pdl: bool | None = None
 

@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from inferlab import storage
-from inferlab.bench import BenchResult
+from inferlab.measure.bench import BenchResult
 
 # (file name, y label, RunTimes property giving one value per run)
 PLOTS = (

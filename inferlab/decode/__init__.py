@@ -1,0 +1,1 @@
+"""Token generation: prompts, samplers, the KV-cache adapter, the decode loop, engines."""

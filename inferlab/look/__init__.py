@@ -1,0 +1,1 @@
+"""What the user reads: inspection, traces, tables and plots."""

@@ -1,0 +1,1 @@
+"""Measurement: clocks, the benchmark run, metrics, the roofline, machine fingerprints."""

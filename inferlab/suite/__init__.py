@@ -1,0 +1,1 @@
+"""Experiments and gating: the sweep, its hypotheses, the pytest-benchmark plugin, the merge gate."""
