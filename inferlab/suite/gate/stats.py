@@ -1,0 +1,102 @@
+"""The gate's statistics: log medians per run, the hierarchical bootstrap, Bonferroni levels, run noise.
+
+Pure functions of raw round times; no I/O, no formatting.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from inferlab.errors import UsageError
+from inferlab.suite.gate.load import Run, check_comparable
+
+DEFAULT_RUN_NOISE = 0.01
+
+
+MIN_REPLICATES = 4000
+
+
+TAIL_REPLICATES = 20
+
+
+
+def log_median(rounds: Sequence[float]) -> float:
+    """log(median(rounds)) of one run."""
+    return float(np.log(np.median(rounds)))
+
+
+
+def log_ratio(base: Sequence[Sequence[float]], head: Sequence[Sequence[float]]) -> float:
+    """mean_r log m_r(head) - mean_r log m_r(base), m_r = median of run r's rounds."""
+    return float(np.mean([log_median(r) for r in head]) - np.mean([log_median(r) for r in base]))
+
+
+
+def resampled_mean_log_median(
+    runs: Sequence[Sequence[float]], replicates: int, run_noise: float, rng: np.random.Generator
+) -> np.ndarray:
+    """[replicates] draws of mean_r log m_r: runs, then each run's rounds, drawn with replacement, + N(0, run_noise/sqrt(n))."""
+    n = len(runs)
+    picked = rng.integers(n, size=(replicates, n))  # which run fills each of the n slots
+    logs = np.empty((replicates, n))
+    for index, rounds in enumerate(runs):
+        rounds = np.asarray(rounds, dtype=float)
+        slots = picked == index
+        draws = rounds[rng.integers(len(rounds), size=(int(slots.sum()), len(rounds)))]
+        logs[slots] = np.log(np.median(draws, axis=1))
+    return logs.mean(axis=1) + rng.normal(0.0, run_noise / math.sqrt(n), size=replicates)
+
+
+
+def bootstrap_log_ratios(
+    base: Sequence[Sequence[float]], head: Sequence[Sequence[float]], replicates: int, run_noise: float,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """[replicates] hierarchical-bootstrap draws of the log ratio head / base."""
+    base_draws = resampled_mean_log_median(base, replicates, run_noise, rng)
+    return resampled_mean_log_median(head, replicates, run_noise, rng) - base_draws
+
+
+
+def bonferroni_level(confidence: float, k: int) -> float:
+    """Per-benchmark two-sided level 1 - (1 - confidence) / k."""
+    return 1 - (1 - confidence) / k
+
+
+
+def replicates_for(level: float) -> int:
+    """max(4000, ceil(20 / tail)), tail = (1 - level) / 2: each tail keeps >= 20 replicates."""
+    return max(MIN_REPLICATES, math.ceil(TAIL_REPLICATES / ((1 - level) / 2) - 1e-9))
+
+
+
+def percentile_interval(log_ratios: np.ndarray, level: float) -> tuple[float, float]:
+    """exp of the (1-level)/2 and (1+level)/2 quantiles: the interval of the ratio."""
+    low, high = np.quantile(log_ratios, [(1 - level) / 2, (1 + level) / 2])
+    return math.exp(low), math.exp(high)
+
+
+
+def estimate_run_noise(runs: Sequence[Run]) -> dict[str, float]:
+    """Per benchmark, the std (ddof=1) of log m_r across >= 2 runs of the same code: a value for run_noise.
+
+    It includes the within-run noise of each median as well as the run-to-run shift, so it is an
+    upper estimate; with several benchmarks take the largest (or that of the metric you gate).
+    """
+    if len(runs) < 2:
+        raise UsageError(f"estimating run noise needs at least 2 runs of the same code, got {len(runs)}: repeat the run")
+    check_comparable(runs[:1], runs[1:])
+    return {name: float(np.std([log_median(run.get(name).rounds_s) for run in runs], ddof=1)) for name in runs[0].names}
+
+
+
+def pytest_benchmark_style(base_run: Run, head_run: Run, threshold: float) -> dict[str, bool]:
+    """fullname -> True where --benchmark-compare-fail=median:X% fails: head median > base median x (1 + X)."""
+    check_comparable([base_run], [head_run])
+    return {
+        name: float(np.median(head_run.get(name).rounds_s)) > float(np.median(base_run.get(name).rounds_s)) * (1 + threshold)
+        for name in base_run.names
+    }
