@@ -277,6 +277,7 @@ def cmd_sweep(args) -> int:
     import tempfile
 
     from inferlab.model import layouts
+    from inferlab.look import tables
     from inferlab.suite import sweep
     from inferlab.storage import new_run_folder
 
@@ -297,7 +298,7 @@ def cmd_sweep(args) -> int:
     except KeyboardInterrupt:
         print(f"inferlab: interrupted: finished configurations are saved in {folder}", file=sys.stderr)
         return 130
-    print(sweep.format_sweep_table(report))
+    print(tables.format_sweep_table(report))
     print(f"saved {folder}")
     return 0
 

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from inferlab.look import tables
 from inferlab.suite import sweep
 from inferlab.cli import main
 from inferlab.decode.engines import EagerEngine, make_engine
@@ -65,7 +66,7 @@ def test_sweep_writes_each_result_then_json_csv_markdown_and_plots(tiny, tmp_pat
 
 def test_table_has_a_row_per_configuration_then_verdicts_then_the_folder(tiny, tmp_path):
     report = run_small(tiny, tmp_path)
-    text = sweep.format_sweep_table(report)
+    text = tables.format_sweep_table(report)
     lines = text.splitlines()
     assert sum(line.startswith("eager ") for line in lines) == 3
     assert "hypotheses, eager, prompt 4, batch 1:" in lines
@@ -112,7 +113,7 @@ def test_out_of_memory_on_one_configuration_is_a_row_and_the_others_finish(tiny,
     assert (saved["status"], saved["error"]) == ("oom", failed.error)
     rows = list(csv.DictReader((report.folder / "sweep.csv").open()))
     assert [r["status"] for r in rows] == ["ok", "oom", "ok"] and rows[1]["ttft_ms_p50"] == ""
-    assert f"OOM: {failed.error}" in sweep.format_sweep_table(report)
+    assert f"OOM: {failed.error}" in tables.format_sweep_table(report)
     # two lengths left: too few to judge a trend
     assert {v.verdict for v in report.verdicts[0].verdicts} == {NOT_ENOUGH_DATA}
 

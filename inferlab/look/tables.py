@@ -1,8 +1,15 @@
-"""Text tables for benchmark results (the CLI prints them; nothing here prints)."""
+"""Text, CSV and Markdown tables for bench and sweep results (the CLI prints them; nothing here prints)."""
 
 from __future__ import annotations
 
+import csv
+import io
+from typing import TYPE_CHECKING, Sequence
+
 from inferlab.measure.bench import BenchResult
+
+if TYPE_CHECKING:
+    from inferlab.suite.sweep import SweepReport
 
 METRIC_ROWS = (
     ("TTFT (ms)", "ttft_ms"),
@@ -68,3 +75,127 @@ def wall_check_line(result: BenchResult) -> str:
 def _layout(fp: dict) -> str:
     layout = fp.get("layout", "single")
     return "" if layout == "single" else f" ({layout})"
+
+
+# ----------------------------------------------------------------------------- sweep
+
+
+def title(fp: dict) -> str:
+    return f"{fp['model']} ({fp['dtype']}) on {fp['device_name']}"
+
+
+CSV_FIELDS = (
+    "engine", "batch_size", "prompt_length", "output_length", "status",
+    "ttft_ms_p50", "ttft_ms_p95", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p95", "tpot_ms_p99",
+    "itl_ms_p50", "itl_ms_p99", "e2e_ms_p50", "e2e_ms_p95", "e2e_ms_p99",
+    "output_tokens_per_s_p50", "decode_tokens_per_s", "achieved_gb_per_s", "percent_of_peak", "error",
+)
+
+
+def row(result: BenchResult) -> dict:
+    """One configuration's row: the figures every table shows (None where there is none)."""
+    config, summary = result.config, result.summary
+
+    def stat(key: str, percentile: str) -> float | None:
+        return summary[key][percentile] if summary.get(key) else None
+
+    line = result.roofline_summary() or {}
+    fraction = line.get("fraction_of_peak")
+    return {
+        "engine": config.engine, "batch_size": config.batch_size, "prompt_length": result.prompt_length,
+        "output_length": config.output_length, "status": result.status,
+        **{f"{key}_{p}": stat(key, p) for key in ("ttft_ms", "tpot_ms") for p in ("p50", "p95", "p99")},
+        "itl_ms_p50": stat("itl_ms", "p50"), "itl_ms_p99": stat("itl_ms", "p99"),
+        **{f"e2e_ms_{p}": stat("e2e_ms", p) for p in ("p50", "p95", "p99")},
+        "output_tokens_per_s_p50": stat("output_tokens_per_s", "p50"),
+        "decode_tokens_per_s": summary.get("decode_tokens_per_s"),
+        "achieved_gb_per_s": line.get("achieved_gb_per_s"),
+        "percent_of_peak": None if fraction is None else 100 * fraction,
+        "error": result.error,
+    }
+
+
+def csv_text(results: Sequence[BenchResult]) -> str:
+    """One CSV row per configuration; empty cells where a figure does not exist."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for values in map(row, results):
+        writer.writerow({k: "" if v is None else (f"{v:.4f}" if isinstance(v, float) else v) for k, v in values.items()})
+    return buffer.getvalue()
+
+
+# (header, row key, format): the columns of the text and Markdown tables
+TABLE_COLUMNS = (
+    ("TTFT p50 ms", "ttft_ms_p50", "{:.2f}"),
+    ("TPOT p50 ms", "tpot_ms_p50", "{:.3f}"),
+    ("TPOT p99 ms", "tpot_ms_p99", "{:.3f}"),
+    ("E2E p50 ms", "e2e_ms_p50", "{:.1f}"),
+    ("tok/s p50", "output_tokens_per_s_p50", "{:.1f}"),
+    ("GB/s", "achieved_gb_per_s", "{:.1f}"),
+    ("% peak", "percent_of_peak", "{:.1f}%"),
+)
+KEY_COLUMNS = (("engine", "engine"), ("B", "batch_size"), ("P", "prompt_length"), ("N", "output_length"))
+
+
+def table_cells(result: BenchResult) -> list[str]:
+    """The table's cells for one configuration; a failed one shows its status and error instead of figures."""
+    values = row(result)
+    cells = [str(values[key]) for _, key in KEY_COLUMNS]
+    if result.status != "ok":
+        return cells + [f"{result.status.upper()}: {result.error}"]
+    return cells + ["-" if values[key] is None else fmt.format(values[key]) for _, key, fmt in TABLE_COLUMNS]
+
+
+def verdict_lines(report: SweepReport) -> list[str]:
+    lines = []
+    for group in report.verdicts:
+        lines.append(f"hypotheses, {group.label}:")
+        lines += [f"  {v.verdict.upper():<15} {v.name}: {v.explanation}" for v in group.verdicts]
+    return lines
+
+
+def status_line(report: SweepReport) -> str:
+    total = len(report.config.bench_configs())
+    done = len(report.results)
+    failed = sum(r.status != "ok" for r in report.results)
+    state = "complete" if report.complete else "INTERRUPTED"
+    return (f"{title(report.fingerprint)} | {state}: {done} of {total} configurations, {failed} failed | "
+            f"{report.config.warmup_runs} warm-up + {report.config.runs} runs each | {report.config.sampling.describe()}")
+
+
+def format_sweep_table(report: SweepReport) -> str:
+    """One row per configuration, then the verdict of each hypothesis per group, then where the files are."""
+    headers = [h for h, _ in KEY_COLUMNS] + [h for h, _, _ in TABLE_COLUMNS]
+    rows = [table_cells(r) for r in report.results]
+    full = [headers] + [cells for cells in rows if len(cells) == len(headers)]
+    widths = [max(len(cells[i]) for cells in full) for i in range(len(headers))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    lines = [status_line(report), line(headers), "-" * len(line(headers))]
+    # a failed row: its key cells, then its status and error as they are
+    lines += [line(cells) if len(cells) == len(headers) else f"{line(cells[:4])}  {cells[4]}" for cells in rows]
+    lines += verdict_lines(report)
+    if report.files:
+        lines.append(f"files in {report.folder}: results/*.json, " + ", ".join(p.name for p in report.files))
+    return "\n".join(lines)
+
+
+def markdown_text(report: SweepReport) -> str:
+    """sweep.md: the same table as Markdown, and the verdicts."""
+    headers = [h for h, _ in KEY_COLUMNS] + [h for h, _, _ in TABLE_COLUMNS]
+    lines = [f"# inferlab sweep: {title(report.fingerprint)}", "", status_line(report), "",
+             "| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    for result in report.results:
+        cells = table_cells(result)
+        cells += [""] * (len(headers) - len(cells))
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    lines += ["", "## Hypotheses", ""]
+    for group in report.verdicts:
+        lines.append(f"### {group.label}")
+        lines += [f"- **{v.verdict}**: {v.name}. {v.explanation}" for v in group.verdicts]
+        lines.append("")
+    lines.append("Rules and formulas: `inferlab/suite/hypotheses.py`.")
+    return "\n".join(lines) + "\n"
