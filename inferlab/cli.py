@@ -11,7 +11,8 @@ import os
 import sys
 from pathlib import Path
 
-from inferlab.errors import UsageError
+from inferlab.errors import UsageError, first_line
+from inferlab.names import ENGINE_NAMES
 
 SAMPLING_HELP = "greedy unless --temperature, --top-k or --top-p is given (applied in that order)"
 
@@ -101,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = commands.add_parser("bench", help="time one configuration: TTFT, TPOT, ITL, tokens/s with percentiles")
     _add_model_args(bench, optional_model=True)
-    bench.add_argument("--engine", default="eager", help="eager, hf, hf-static, fast, fast-inductor or fast-nocompile (default eager)")
+    bench.add_argument("--engine", default="eager", help=f"one of {', '.join(ENGINE_NAMES)} (default eager)")
     bench.add_argument("--prompt", default=None, help="text prompt instead of random ids")
     bench.add_argument("--prompt-length", type=int, default=128, help="random prompt length in tokens (default 128)")
     bench.add_argument("--batch-size", type=int, default=1)
@@ -113,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = commands.add_parser("sweep", help="the output-length experiment (and prompt length, batch size)")
     _add_model_args(sweep, optional_model=True)
-    sweep.add_argument("--engines", nargs="+", default=["eager"], help="engines to compare: eager, hf, hf-static, fast, fast-inductor, fast-nocompile (default eager)")
+    sweep.add_argument("--engines", nargs="+", default=["eager"], help=f"engines to compare, some of {', '.join(ENGINE_NAMES)} (default eager)")
     sweep.add_argument("--output-lengths", nargs="+", type=int, default=[10, 50, 100, 500])
     sweep.add_argument("--prompt-lengths", nargs="+", type=int, default=[128])
     sweep.add_argument("--batch-sizes", nargs="+", type=int, default=[1])
@@ -214,7 +215,7 @@ def cmd_generate(args) -> int:
     import torch
 
     from inferlab.measure.bench import check_fits
-    from inferlab.decode.loop import DecodeConfig, generate
+    from inferlab.decode.loop import DecodeConfig, eos_token_ids, generate
     from inferlab.decode.prompts import from_texts
 
     sampling = _sampling(args)
@@ -223,8 +224,7 @@ def cmd_generate(args) -> int:
     loaded = _load(args)
     prompt = from_texts(loaded.tokenizer, args.prompt, loaded.device, chat=not args.no_chat)
     check_fits(loaded, prompt.length, args.max_new_tokens)
-    eos = loaded.model.generation_config.eos_token_id
-    eos = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
+    eos = eos_token_ids(loaded.model.generation_config)
     config = DecodeConfig(args.max_new_tokens, sampling, args.ignore_eos, eos, loaded.tokenizer.pad_token_id)
     generator = torch.Generator(device=loaded.device).manual_seed(args.seed)
 
@@ -322,10 +322,6 @@ def cmd_gate(args) -> int:
     base_runs = [gate.load_run(p) for p in base]
     head_runs = [gate.load_run(p) for p in head]
     gate.check_comparable(base_runs, head_runs)
-    if not 0.5 <= args.confidence < 1:
-        raise UsageError(f"--confidence must be in [0.5, 1), got {args.confidence}")
-    if args.run_noise < 0:
-        raise UsageError(f"--run-noise must be >= 0, got {args.run_noise}")
     report = gate.compare(
         base_runs, head_runs, thresholds=gate.parse_thresholds(args.threshold),
         confidence=args.confidence, run_noise=args.run_noise,
@@ -377,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             return launched
         return COMMANDS[args.command](args)
     except UsageError as error:
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        message = first_line(error)
         print(f"inferlab: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -106,15 +106,3 @@ def test_a_bad_argument_is_one_line_too(capsys):
     _, err = capsys.readouterr()
     assert exit_info.value.code == 2
     assert err.splitlines() == ["inferlab: error: argument --runs: expected a positive integer, got 0 (see inferlab sweep --help)"]
-
-
-def test_engine_options_name_every_engine():
-    """The CLI spells the engine list out (it does not import torch to parse arguments): it must
-    stay the list the engines module accepts."""
-    from inferlab.cli import build_parser
-    from inferlab.decode.engines import ENGINE_NAMES
-
-    commands = next(a for a in build_parser()._actions if a.dest == "command").choices
-    for command, option in (("bench", "engine"), ("sweep", "engines")):
-        help_text = next(a.help for a in commands[command]._actions if a.dest == option)
-        assert all(name in help_text.replace(",", " ").split() for name in ENGINE_NAMES), (command, help_text)

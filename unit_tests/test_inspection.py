@@ -7,7 +7,7 @@ import torch
 
 from inferlab.cli import main
 from inferlab.errors import UsageError
-from inferlab.look.inspection import environment_report, format_environment, inspect_model, kv_bytes_per_position, module_kind
+from inferlab.look.inspection import environment_report, format_environment, inspect_model, module_kind
 from inferlab.decode.prompts import random_prompt
 from inferlab.look.trace import evaluate, format_trace, mismatches, trace_forward
 
@@ -47,7 +47,7 @@ def test_config_summary_derives_head_dim_and_gqa_group(tiny):
 
 
 def test_kv_cache_bytes_per_position_is_two_by_layers_by_kv_heads_by_head_dim(tiny):
-    assert kv_bytes_per_position(inspect_model(tiny)) == 2 * 2 * 2 * 16 * 4
+    assert inspect_model(tiny).kv_bytes_per_position == 2 * 2 * 2 * 16 * 4
 
 
 @pytest.mark.slow

@@ -36,6 +36,14 @@ class DecodeConfig:
             raise ValueError(f"`max_new_tokens` has to be a positive integer, but is {self.max_new_tokens}")
 
 
+def eos_token_ids(generation_config) -> tuple[int, ...]:
+    """The ids that end a sequence: a generation config holds one id, a list of them, or none."""
+    eos = generation_config.eos_token_id
+    if eos is None:
+        return ()
+    return tuple(eos) if isinstance(eos, (list, tuple)) else (eos,)
+
+
 @dataclass(frozen=True)
 class Step:
     """One generated token per row. Step 0 is the token chosen from the prefill's logits."""

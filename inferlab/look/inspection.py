@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from inferlab.measure import fingerprint
+from inferlab.model import dims
 from inferlab.model.devices import dtype_name
 from inferlab.model.registry import LoadedModel
 
@@ -110,6 +111,8 @@ class ModelReport:
     buffer_bytes: int
     tied_embeddings: bool
     config: dict
+    kv_element_bytes: int  # the cache takes the model's dtype
+    kv_bytes_per_position: int  # per cached position per sequence, all layers (model.dims)
     cuda_allocated_bytes: int | None
     cuda_reserved_bytes: int | None
 
@@ -124,9 +127,7 @@ def module_kind(parameter_name: str) -> str:
 
 def config_summary(config) -> dict:
     """The config fields that shape compute and memory, with head_dim and the GQA group derived."""
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    heads, kv_heads = dims.attention_heads(config), dims.kv_heads(config)
     return {
         "model_type": config.model_type,
         "layers": int(config.num_hidden_layers),
@@ -134,7 +135,7 @@ def config_summary(config) -> dict:
         "intermediate_size": int(getattr(config, "intermediate_size", 0) or 0),
         "attention_heads": heads,
         "kv_heads": kv_heads,
-        "head_dim": head_dim,
+        "head_dim": dims.head_dim(config),
         "query_heads_per_kv_head": heads // kv_heads,
         "vocab_size": int(config.vocab_size),
         "max_position_embeddings": int(config.max_position_embeddings),
@@ -185,6 +186,8 @@ def inspect_model(loaded: LoadedModel) -> ModelReport:
         buffer_bytes=buffer_bytes,
         tied_embeddings=tied,
         config=config_summary(model.config),
+        kv_element_bytes=dims.element_size(loaded.dtype),
+        kv_bytes_per_position=dims.kv_bytes_per_position(model.config, loaded.dtype),
         cuda_allocated_bytes=allocated,
         cuda_reserved_bytes=reserved,
     )
@@ -224,8 +227,8 @@ def format_model_report(report: ModelReport) -> str:
         f"vocabulary       {c['vocab_size']}",
         f"context          {c['max_position_embeddings']} positions",
         "RoPE             " + ", ".join(f"{k}={v}" for k, v in c["rope"].items()),
-        f"KV cache         {kv_bytes_per_position(report):,} bytes per position "
-        f"(2 x {c['layers']} layers x {c['kv_heads']} KV heads x {c['head_dim']} x {_element_size(report)} bytes)",
+        f"KV cache         {report.kv_bytes_per_position:,} bytes per position "
+        f"(2 x {c['layers']} layers x {c['kv_heads']} KV heads x {c['head_dim']} x {report.kv_element_bytes} bytes)",
     ]
     if report.cuda_allocated_bytes is not None:
         lines.append(
@@ -233,14 +236,3 @@ def format_model_report(report: ModelReport) -> str:
             f"{report.cuda_reserved_bytes / GIB:.3f} GiB reserved after loading"
         )
     return "\n".join(lines)
-
-
-def _element_size(report: ModelReport) -> int:
-    dtype = max(report.parameters_by_dtype, key=report.parameters_by_dtype.get)
-    return {"fp32": 4, "bf16": 2, "fp16": 2}.get(dtype, 4)
-
-
-def kv_bytes_per_position(report: ModelReport) -> int:
-    """KV cache bytes per cached position per sequence: 2 (K and V) x layers x KV heads x head dim x element size."""
-    c = report.config
-    return 2 * c["layers"] * c["kv_heads"] * c["head_dim"] * _element_size(report)

@@ -20,6 +20,7 @@ import torch
 
 from inferlab.decode import kvcache
 from inferlab.decode.loop import prompt_positions
+from inferlab.model import dims
 from inferlab.model.devices import dtype_name
 from inferlab.errors import UsageError
 from inferlab.decode.prompts import Prompt
@@ -49,14 +50,12 @@ class Trace:
 
 
 def model_dims(config, batch_size: int) -> dict[str, int]:
-    heads = int(config.num_attention_heads)
-    kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     return {
         "B": batch_size,
         "H": int(config.hidden_size),
-        "nH": heads,
-        "nKV": kv_heads,
-        "D": int(getattr(config, "head_dim", None) or config.hidden_size // heads),
+        "nH": dims.attention_heads(config),
+        "nKV": dims.kv_heads(config),
+        "D": dims.head_dim(config),
         "I": int(getattr(config, "intermediate_size", 0) or 0),
         "V": int(config.vocab_size),
     }

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inferlab.model.dims import kv_bytes_per_position
+
 # Vendor datasheet memory bandwidth (bytes/s), used only with --no-probe.
 DATASHEET_BANDWIDTH = {
     "H200": 4.8e12,
@@ -79,13 +81,6 @@ def weight_bytes_per_step(model, batch_size: int) -> int:
         rows = min(batch_size, embedding.shape[0])
         total -= (embedding.shape[0] - rows) * embedding.shape[1] * embedding.element_size()
     return int(total)
-
-
-def kv_bytes_per_position(config, dtype: torch.dtype) -> int:
-    """K and V of one position, all layers: 2 x layers x KV heads x head dim x bytes."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return 2 * config.num_hidden_layers * kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
 
 
 def roofline(model, batch_size: int, prompt_length: int, output_length: int, bandwidth: tuple[float | None, str]) -> Roofline:

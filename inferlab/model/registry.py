@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 
-from inferlab.errors import UsageError
+from inferlab.errors import UsageError, first_line
 from inferlab.model.layouts import Layout, load_kwargs
 
 TINYLLAMA_ID = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
@@ -131,7 +131,7 @@ def _load_placed(name: str, device: torch.device, dtype: torch.dtype, seed: int,
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, trust_remote_code=False,
                                                      **load_kwargs(layout, config, device))
     except (OSError, ValueError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = first_line(error)
         raise UsageError(f"could not load {name!r} in layout {layout} ({reason[:160]}): use --layout single") from None
     if tokenizer is None and source in ("hub", "folder"):
         tokenizer = _tokenizer(folder)
@@ -173,6 +173,12 @@ def default_model(device: torch.device) -> str:
     if device.type != "cuda":
         return "smollm2-135m"
     return TINYLLAMA_ID if hub_model_cached(TINYLLAMA_ID) else "tinyllama-1.1b-random"
+
+
+def default_benchmark_model(device: torch.device) -> str:
+    """The model the perf suite uses: TinyLlama's random twin on CUDA (the same on every GPU, so runs
+    compare across machines that do or do not cache the real weights), the 2-layer `tiny-random` on the CPU."""
+    return "tinyllama-1.1b-random" if device.type == "cuda" else "tiny-random"
 
 
 def hub_model_cached(model_id: str) -> bool:
@@ -265,7 +271,7 @@ def _load_pretrained(name: str, device: torch.device, dtype: torch.dtype) -> Loa
         tokenizer = _tokenizer(name, local_files_only=_hub_offline())
     except (OSError, ValueError) as error:
         offline = ", ".join(OFFLINE_MODELS)
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = first_line(error)
         raise UsageError(
             f"could not load {name!r} from the Hugging Face cache or hub ({reason[:160]}): "
             f"download it where the hub is reachable, pass a local folder, or use an offline model: {offline}"

@@ -12,10 +12,11 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from inferlab.errors import UsageError
+from inferlab.names import COMPARED_KEYS
 
-# machine_info["inferlab"] keys that must agree (the plugin's COMPARED_KEYS), and the
+# machine_info["inferlab"] keys that must agree (inferlab.names), and the
 # per-benchmark fingerprint keys that must agree.
-MACHINE_KEYS = ("device_name", "device_count", "model", "dtype", "layout")
+MACHINE_KEYS = COMPARED_KEYS
 
 
 FINGERPRINT_KEYS = ("model", "dtype", "engine", "layout")

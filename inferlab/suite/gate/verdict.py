@@ -121,8 +121,9 @@ def compare(
 
 
 def _check_settings(confidence: float, run_noise: float) -> None:
-    if not 0 < confidence < 1:
-        raise UsageError(f"confidence must be between 0 and 1, got {confidence}: use e.g. 0.95")
+    # Below 0.5 a two-sided interval no longer covers the estimate's own uncertainty: a FAIL would mean little.
+    if not 0.5 <= confidence < 1:
+        raise UsageError(f"confidence must be in [0.5, 1), got {confidence}: use e.g. 0.95")
     if not (run_noise >= 0 and math.isfinite(run_noise)):
         raise UsageError(f"run noise must be a fraction >= 0, got {run_noise}: use e.g. 0.01 for 1%")
 
