@@ -25,6 +25,10 @@ class FailsAtLength:
         self.inner = EagerEngine(model)
         self.output_length = output_length
         self.error = error
+        self.name = "eager"
+
+    def prepare(self, prompt, config):
+        self.inner.prepare(prompt, config)
 
     def run(self, prompt, config, generator, clock):
         if config.max_new_tokens == self.output_length:

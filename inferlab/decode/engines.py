@@ -1,6 +1,8 @@
 """Decode engines: different ways to run the same generation, timed the same way.
 
-An engine's `run` starts the clock, issues the generation, calls ``clock.mark()`` right after
+Every engine follows `Engine`: `prepare` once per request shape (compilation and graph capture,
+timed apart and never inside TPOT; a no-op for the eager loop and ``generate``), then `run`
+per request. An engine's `run` starts the clock, issues the generation, calls ``clock.mark()`` right after
 each token is issued, and returns the generated ids [B, N]. It never synchronizes; the clock
 does, once, in ``finish()``.
 
@@ -18,13 +20,28 @@ does, once, in ``finish()``.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from inferlab.decode.loop import DecodeConfig, generate_steps
 from inferlab.errors import UsageError
+from inferlab.names import ENGINE_NAMES
 from inferlab.decode.prompts import Prompt
 from inferlab.measure.clocks import TokenClock
+
+
+class Engine(Protocol):
+    """What the measurement path needs of an engine."""
+
+    name: str
+
+    def prepare(self, prompt: Prompt, config: DecodeConfig) -> None:
+        """Everything a request of this shape needs before it can be timed."""
+
+    def run(self, prompt: Prompt, config: DecodeConfig, generator: torch.Generator | None, clock: TokenClock) -> torch.Tensor:
+        """Generate config.max_new_tokens ids [B, N], marking `clock` after each token; never synchronizes."""
 
 
 class EagerEngine:
@@ -34,6 +51,9 @@ class EagerEngine:
 
     def __init__(self, model) -> None:
         self.model = model
+
+    def prepare(self, prompt: Prompt, config: DecodeConfig) -> None:
+        """Nothing to build: the loop runs eagerly."""
 
     def run(self, prompt: Prompt, config: DecodeConfig, generator: torch.Generator | None, clock: TokenClock) -> torch.Tensor:
         tokens = []
@@ -62,6 +82,9 @@ class HFGenerateEngine:
         self.model = model
         self.cache_implementation = cache_implementation
         self.name = "hf" if cache_implementation is None else f"hf-{cache_implementation}"
+
+    def prepare(self, prompt: Prompt, config: DecodeConfig) -> None:
+        """Nothing to build ahead: ``generate`` compiles a static cache's step on its first calls (warm up)."""
 
     def generate_kwargs(self, config: DecodeConfig) -> dict:
         sampling = config.sampling
@@ -93,10 +116,9 @@ class HFGenerateEngine:
         return sequences[:, prompt.length :]
 
 
-ENGINE_NAMES = ("eager", "hf", "hf-static", "fast", "fast-inductor", "fast-nocompile")
 
 
-def make_engine(name: str, model):
+def make_engine(name: str, model) -> Engine:
     """The engine called `name` for `model`."""
     if name == "eager":
         return EagerEngine(model)

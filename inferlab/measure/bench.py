@@ -168,8 +168,7 @@ def run_benchmark(
     check_engine_layout(config.engine, loaded.layout)
     prepare_start = time.perf_counter()
     engine = engine or make_engine(config.engine, loaded.model)
-    if hasattr(engine, "prepare"):
-        engine.prepare(prompt, decode)  # compilation and graph capture: timed here, never in TPOT
+    engine.prepare(prompt, decode)  # compilation and graph capture: timed here, never in TPOT
     synchronize(device)
     prepare_ms = (time.perf_counter() - prepare_start) * 1e3
 

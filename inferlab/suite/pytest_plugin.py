@@ -22,7 +22,9 @@ from dataclasses import dataclass
 
 import pytest
 
-METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
+from inferlab.names import COMPARED_KEYS, SUITE_METRICS
+
+METRICS = SUITE_METRICS
 
 
 class MetricClock:
@@ -178,7 +180,6 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
     )
 
 
-COMPARED_KEYS = ("device_name", "device_count", "model", "dtype", "layout")
 
 
 def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info, compared_benchmark) -> None:
@@ -190,10 +191,6 @@ def pytest_benchmark_compare_machine_info(config, benchmarksession, machine_info
                 f"cannot compare with the saved run: its {key} is {theirs[key]!r}, this run's is {ours[key]!r}; "
                 "compare runs made on the same GPU with the same model, dtype and layout"
             )
-
-
-def _default_model_name(device) -> str:
-    return "tinyllama-1.1b-random" if device.type == "cuda" else "tiny-random"
 
 
 class _Models:
@@ -287,13 +284,14 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
     """measure(case, model=None): benchmark one case; returns the measured RunTimes."""
     import torch
 
+    from inferlab.model.registry import default_benchmark_model
     from inferlab.measure.bench import BenchConfig, build_prompt, check_fits, decode_config, make_fingerprint, run_once
     from inferlab.measure.metrics import summarize
     from inferlab.measure.clocks import clock_for
 
     def measure(case: PerfCase, model: str | None = None, rounds: int | None = None, warmup: int | None = None):
         session = inferlab_models.session
-        name = session.model_name or model or _default_model_name(session.device)
+        name = session.model_name or model or default_benchmark_model(session.device)
         loaded = inferlab_models.model(name)
         engine = inferlab_models.engine(name, case.engine)
         rounds = rounds or pytestconfig.getoption("--inferlab-rounds")
@@ -302,13 +300,13 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
                              output_length=case.output_length, warmup_runs=warmup, runs=rounds)
         prompt, decode = build_prompt(loaded, config), decode_config(loaded, config)
         check_fits(loaded, prompt.length, case.output_length)
-        if hasattr(engine, "prepare"):
-            engine.prepare(prompt, decode)
-        clock = clock_for(loaded.device, case.output_length)
+        engine.prepare(prompt, decode)
+        timed = loaded.output_device  # each step ends at the LM head: on the last GPU of a pipeline
+        clock = clock_for(timed, case.output_length)
         delay = pytestconfig.getoption("--inferlab-inject-delay-ms")
         if delay > 0:
-            where = inject_where(pytestconfig.getoption("--inferlab-inject-on"), engine, loaded.device)
-            clock = DelayedClock(clock, delay, where, loaded.device)
+            where = inject_where(pytestconfig.getoption("--inferlab-inject-on"), engine, timed)
+            clock = DelayedClock(clock, delay, where, timed)
         key = (name, case.engine, case.batch_size, case.prompt_length, case.output_length, rounds, warmup)
         recorded = inferlab_models.recorded.get(key)
         generator = torch.Generator(device=loaded.device).manual_seed(0)
@@ -318,7 +316,7 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
             if recorded is not None:  # another metric of this case already measured these requests
                 run = recorded[len(runs)]
             else:
-                run = run_once(engine, prompt, decode, generator, clock, loaded.device)
+                run = run_once(engine, prompt, decode, generator, clock, timed)
             runs.append(run)
             value = getattr(run, case.metric)
             METRIC_CLOCK.advance(value if value is not None else 0.0)
