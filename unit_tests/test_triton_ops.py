@@ -66,11 +66,39 @@ def test_gemv_kernel_computes_the_specified_function(kernels, dtype, shape, vari
         "logits": dict(norm=norm, eps=1e-5, out_dtype=torch.float32),
     }[variant]
     # one program per row: tiles of 8 x 64; the tensor-core kernel: tiles at least 16 wide
-    config = kernels.LaunchConfig(block_n=8 if M < kernels.ROWS_MIN_BATCH else 16, block_k=64, num_warps=4, num_stages=1)
+    config = kernels.LaunchConfig(block_n=8 if M < kernels.DEFAULT_POLICY.rows_min_batch else 16, block_k=64, num_warps=4, num_stages=1)
     ours = kernels.gemv(x, weight, config=config, **kwargs)
     expected = decode_ops.gemv(x, weight, **kwargs)
     assert ours.shape == (M, N)
     assert_same_function(ours, expected)
+
+
+@pytest.mark.parametrize("rows_min_batch", [2, 4])
+def test_a_launch_policy_picks_the_kernel_without_touching_module_state(kernels, monkeypatch, rows_min_batch):
+    """Three rows run one program each under the default policy and the tensor-core kernel under
+    rows_min_batch=2; either way the function is the specification's, and the defaults stay as they were."""
+    launched = []
+    for name in ("_gemv_kernel", "_gemv_rows_kernel"):
+        kernel = getattr(kernels, name)
+        monkeypatch.setattr(kernels, name, _Recording(kernel, name, launched))
+    x, weight = draw(3, 64, seed=1), draw(16, 64, seed=4, scale=0.1)
+    policy = kernels.LaunchPolicy(rows_min_batch=rows_min_batch, default_gemv=kernels.LaunchConfig(8, 64, 4, 1),
+                                  rows_gemv=kernels.LaunchConfig(16, 64, 4, 1))
+    ours = kernels.Kernels(pdl=False, policy=policy).gemv(x, weight)
+    assert_same_function(ours, decode_ops.gemv(x, weight))
+    assert launched == (["_gemv_rows_kernel"] if rows_min_batch <= 3 else ["_gemv_kernel"])
+    assert kernels.DEFAULT_POLICY == kernels.LaunchPolicy() and kernels.DEFAULT_POLICY.rows_min_batch == 4
+
+
+class _Recording:
+    """A jitted kernel that notes its name when launched."""
+
+    def __init__(self, kernel, name, launched):
+        self.kernel, self.name, self.launched = kernel, name, launched
+
+    def __getitem__(self, grid):
+        self.launched.append(self.name)
+        return self.kernel[grid]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

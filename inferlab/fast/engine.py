@@ -33,9 +33,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferlab.decode.loop import DecodeConfig
+from inferlab.model import dims
 from inferlab.errors import UsageError
 from inferlab.decode.prompts import Prompt
 from inferlab.decode.sampling import SamplingConfig, warp
+from inferlab.fast.spec import rms_normalized, rotate_half
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,7 @@ class FastOptions:
     compile_mode: str = "max-autotune-no-cudagraphs"
     coordinate_descent: bool = True
     sdpa: bool = False
+    launch: object | None = None  # a `kernels.LaunchPolicy` for the Triton kernels; None: the measured default
 
     def resolved(self, device: torch.device) -> "FastOptions":
         cuda = device.type == "cuda"
@@ -103,19 +106,6 @@ def check_supported(model) -> None:
         raise UsageError(f"the fast engine supports SiLU MLPs, not {config.hidden_act!r}: use --engine eager or hf")
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama RMSNorm, in float32 like transformers: weight * x / sqrt(mean(x^2) + eps)."""
-    dtype = x.dtype
-    x = x.float()
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x.to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 class FastLayer(nn.Module):
     """One decoder layer's weights, fused: wqkv [(nh + 2 kvh) hd, H], w13 [2 I, H]."""
 
@@ -142,8 +132,8 @@ class FastLlama(nn.Module):
         self.sdpa = sdpa
         config = hf_model.config
         self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.num_kv_heads = dims.kv_heads(config)
+        self.head_dim = dims.head_dim(config)
         self.eps = config.rms_norm_eps
         self.layers = nn.ModuleList(FastLayer(layer) for layer in hf_model.model.layers)
         self.register_buffer("embed", hf_model.get_input_embeddings().weight.detach(), persistent=False)
@@ -224,9 +214,9 @@ class FastLlama(nn.Module):
         """tokens [B, S] at positions [S] -> logits [B, 1, V] of the last position (float32)."""
         x = F.embedding(tokens, self.embed)
         for index, layer in enumerate(self.layers):
-            x = x + self.attention(index, rms_norm(x, layer.attn_norm, self.eps), positions)
-            x = x + self.mlp(index, rms_norm(x, layer.ffn_norm, self.eps))
-        x = rms_norm(x[:, -1:], self.norm, self.eps)
+            x = x + self.attention(index, rms_normalized(x, layer.attn_norm, self.eps), positions)
+            x = x + self.mlp(index, rms_normalized(x, layer.ffn_norm, self.eps))
+        x = rms_normalized(x[:, -1:], self.norm, self.eps)
         return F.linear(x, self.lm_head).float()
 
 
@@ -292,7 +282,7 @@ class FastEngine:
         if self.options.triton:
             from inferlab.fast import kernels as triton_ops
 
-            self.kernels = triton_ops.Kernels(pdl=self.options.pdl)
+            self.kernels = triton_ops.Kernels(pdl=self.options.pdl, policy=self.options.launch or triton_ops.DEFAULT_POLICY)
 
         prefill, decode = self._prefill_body, self._decode_body
         if self.options.compile:

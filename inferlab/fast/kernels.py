@@ -26,7 +26,9 @@ CUDA (or under ``TRITON_INTERPRET=1``, which runs the kernels on the CPU for tes
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
 
 import torch
 import triton
@@ -54,9 +56,35 @@ ATTENTION_BLOCK_T = 128
 GREEDY_BLOCK_V, GREEDY_WARPS = 8192, 16
 
 
+ROWS_GEMV = LaunchConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # measured at batch 4 on the H200
+
+
+@dataclass(frozen=True)
+class LaunchPolicy:
+    """Which GEMV kernel each call runs and with which launch shape: passed to the kernels, never patched in.
+
+    Fewer than `rows_min_batch` rows run one program per output tile per row, with the shape
+    `gemv[(n, k, gated)]` (else `default_gemv`); more rows run the tensor-core kernel, which reads
+    each weight tile once for `rows_block_m` rows, with `rows_gemv`.
+    """
+
+    gemv: Mapping[tuple[int, int, bool], LaunchConfig] = field(default_factory=lambda: MappingProxyType(MEASURED_GEMV))
+    default_gemv: LaunchConfig = DEFAULT_GEMV
+    rows_min_batch: int = 4
+    rows_gemv: LaunchConfig = ROWS_GEMV
+    rows_block_m: int = 16
+
+    def gemv_config(self, n: int, k: int, gated: bool) -> LaunchConfig:
+        """The launch shape for an [n, k] matrix (n rows per half when gated) at few rows."""
+        return self.gemv.get((n, k, gated), self.default_gemv)
+
+
+DEFAULT_POLICY = LaunchPolicy()
+
+
 def gemv_config(n: int, k: int, gated: bool) -> LaunchConfig:
-    """The launch shape for an [n, k] matrix (n rows per half when gated)."""
-    return MEASURED_GEMV.get((n, k, gated), DEFAULT_GEMV)
+    """The default policy's launch shape for an [n, k] matrix."""
+    return DEFAULT_POLICY.gemv_config(n, k, gated)
 
 
 @functools.cache
@@ -251,11 +279,6 @@ def _gemv_rows_kernel(
 # one `_gemv_kernel` program per row and weight block, sharing each tile between rows through L2.
 # On the H200 (TinyLlama step, kernel_configs.py --batch-sizes): per-row 0.96 / 1.50 / 2.66 ms at
 # batch 2 / 4 / 8, tensor-core kernel 1.30 / 1.33 / 1.36 ms.
-ROWS_MIN_BATCH = 4
-ROWS_GEMV = LaunchConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # best of 12 at batch 4 on the H200
-ROWS_BLOCK_M = 16
-
-
 def gemv(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -267,11 +290,12 @@ def gemv(
     out_dtype: torch.dtype | None = None,
     config: LaunchConfig | None = None,
     pdl: bool | None = None,
+    policy: LaunchPolicy = DEFAULT_POLICY,
 ) -> torch.Tensor:
     """Same contract as `inferlab.fast.spec.gemv`: x [M, K], weight [N or 2N, K] -> [M, N].
 
-    Fewer than ROWS_MIN_BATCH rows run `_gemv_kernel` with `config` (default: `gemv_config`),
-    more run `_gemv_rows_kernel` with `config` (default ROWS_GEMV).
+    Fewer than `policy.rows_min_batch` rows run `_gemv_kernel`, more run `_gemv_rows_kernel`;
+    `config` overrides the policy's launch shape.
     """
     M, K = x.shape
     N = weight.shape[0] // 2 if gated else weight.shape[0]
@@ -280,17 +304,17 @@ def gemv(
     pdl = _use_pdl(x.device, pdl)
     operands = (x, weight, x if norm is None else norm, x if residual is None else residual, out, M, eps)
     flags = dict(N=N, K=K, NORM=norm is not None, GATED=gated, RESIDUAL=residual is not None, PDL=pdl)
-    if M < ROWS_MIN_BATCH:
-        c = config or gemv_config(N, K, gated)
+    if M < policy.rows_min_batch:
+        c = config or policy.gemv_config(N, K, gated)
         _gemv_kernel[(M * triton.cdiv(N, c.block_n),)](
             *operands, **flags, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
             EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0,
             num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
         )
         return out
-    c = config or ROWS_GEMV
-    _gemv_rows_kernel[(triton.cdiv(N, c.block_n), triton.cdiv(M, ROWS_BLOCK_M))](
-        *operands, **flags, BLOCK_M=ROWS_BLOCK_M, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+    c = config or policy.rows_gemv
+    _gemv_rows_kernel[(triton.cdiv(N, c.block_n), triton.cdiv(M, policy.rows_block_m))](
+        *operands, **flags, BLOCK_M=policy.rows_block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
         EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, FP32=weight.dtype == torch.float32,
         num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
     )
@@ -465,12 +489,13 @@ def greedy_step(
 
 @dataclass(frozen=True)
 class Kernels:
-    """These kernels with one launch mode, usable wherever `inferlab.fast.spec` is."""
+    """These kernels with one launch mode and launch policy, usable wherever `inferlab.fast.spec` is."""
 
     pdl: bool | None = None
+    policy: LaunchPolicy = DEFAULT_POLICY
 
     def gemv(self, *args, **kwargs) -> torch.Tensor:
-        return gemv(*args, pdl=self.pdl, **kwargs)
+        return gemv(*args, pdl=self.pdl, policy=self.policy, **kwargs)
 
     def attention_decode(self, *args, **kwargs) -> torch.Tensor:
         return attention_decode(*args, pdl=self.pdl, **kwargs)

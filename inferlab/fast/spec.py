@@ -57,11 +57,15 @@ def gemv(
     return y.to(out_dtype or x.dtype)
 
 
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """[x1, x2] -> [-x2, x1] over the last axis: transformers' half-split RoPE layout."""
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
 def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [..., D] rotated by cos/sin [D] (transformers' half-split layout), in float32."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x.float() * cos.float() + rotated.float() * sin.float()
+    return x.float() * cos.float() + rotate_half(x).float() * sin.float()
 
 
 def attention_decode(

@@ -20,6 +20,7 @@ import copy
 import json
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,7 @@ from inferlab.decode.engines import make_engine
 from inferlab.fast.engine import FastEngine, FastLlama, FastOptions
 from inferlab.model.registry import default_model, load_model
 from inferlab.measure.clocks import clock_for, synchronize
+from inferlab.storage import new_run_folder, write_json_atomic
 
 
 def reference_logits(model, prompt, tokens: torch.Tensor) -> torch.Tensor:
@@ -113,8 +115,7 @@ def timer_cost(loaded, engine, pairs: int, prompt_length: int, new_tokens: int) 
     """Median TPOT with per-token events and with first/last events only, runs interleaved."""
     config = BenchConfig(engine=engine.name, prompt_length=prompt_length, output_length=new_tokens)
     prompt, decode = build_prompt(loaded, config), decode_config(loaded, config)
-    if hasattr(engine, "prepare"):
-        engine.prepare(prompt, decode)
+    engine.prepare(prompt, decode)
     per_token = clock_for(loaded.device, new_tokens, per_token=True)
     endpoints = clock_for(loaded.device, new_tokens, per_token=False)
     for _ in range(3):
@@ -171,7 +172,8 @@ def main() -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         print("engines_side_by_side: needs a CUDA device (or --device cpu for a smoke test)", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
+    out = new_run_folder(args.out, "engines")  # a new folder each run: nothing earlier is overwritten
+    print(f"writing to {out}", flush=True)
     name = args.model or default_model(device)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     loaded = load_model(name, device, dtype)
@@ -191,8 +193,9 @@ def main() -> int:
     check = correctness(loaded, prompt, args.output_length, default_fast)
     print(f"correctness (and compiling the default fast engine, {time.perf_counter() - start:.0f} s):", json.dumps(check), flush=True)
     if args.correctness_only:
-        (args.out / "engines.json").write_text(json.dumps({"environment": env, "bandwidth": bandwidth, "correctness": check}, indent=1))
+        write_json_atomic(out / "engines.json", {"environment": env, "bandwidth": bandwidth, "correctness": check})
         return 0
+    write_json_atomic(out / "correctness.json", {"environment": env, "bandwidth": bandwidth, "correctness": check})
 
     rows, results, engines = [], {}, {}
     for label, options in chosen:
@@ -211,21 +214,21 @@ def main() -> int:
         line = result.roofline_summary()
         rows.append((label, result.prepare_ms, s["ttft_ms"]["p50"], s["tpot_ms"]["p50"], s["tpot_ms"]["p99"],
                      s["decode_tokens_per_s"], 100 * line["fraction_of_peak"], s["output_tokens_per_s"]["p50"]))
-        results[label] = result.to_dict()
+        # every fast variant runs as engine "fast": the label and options say which one it was
+        results[label] = {**result.to_dict(), "variant": label, "options": None if options is None else asdict(options)}
+        write_json_atomic(out / f"variant-{len(results)}.json", results[label])  # kept if a later variant fails
         print(f"{label}: done in {time.perf_counter() - start:.0f} s, TPOT p50 {s['tpot_ms']['p50']:.3f} ms", flush=True)
         if args.time_budget_s and time.perf_counter() - script_start > args.time_budget_s:
             print("time budget reached: skipping the remaining variants", flush=True)
             break
-        (args.out / "engines.json").write_text(json.dumps({"environment": env, "bandwidth": bandwidth,
-                                                           "correctness": check, "results": results}, indent=1))
 
     trust = []
     if not args.skip_trust:
         for engine in (make_engine("eager", loaded.model), default_fast):
             trust.append(timer_cost(loaded, engine, 10, args.prompt_length, args.output_length))
             print("timer:", json.dumps({k: v for k, v in trust[-1].items() if not k.startswith("raw")}), flush=True)
-    (args.out / "engines.json").write_text(json.dumps({"environment": env, "bandwidth": bandwidth, "correctness": check,
-                                                       "results": results, "timer": trust}, indent=1))
+    write_json_atomic(out / "engines.json", {"environment": env, "bandwidth": bandwidth, "correctness": check,
+                                             "results": results, "timer": trust})
 
     print()
     print("| engine | compile+capture ms | TTFT ms p50 | TPOT ms p50 | TPOT ms p99 | decode tok/s | % of copy bandwidth | output tok/s |")

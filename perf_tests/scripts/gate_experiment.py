@@ -51,12 +51,11 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
+from inferlab.suite import gate
+from inferlab.errors import UsageError
+from inferlab.storage import write_json_atomic
 
-from inferlab.suite import gate  # noqa: E402
-from inferlab.errors import UsageError  # noqa: E402
-from inferlab.storage import write_json_atomic  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 INJECTED = (0.05, 0.10)
 BLOCK = ("A", "H5", "A2", "H10")  # reversed on odd blocks

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import sys
 import time
+from dataclasses import replace
+from types import MappingProxyType
 from pathlib import Path
 
 import torch
@@ -41,6 +42,7 @@ from inferlab.fast import kernels as ops
 from inferlab.measure.bench import BenchConfig, run_benchmark
 from inferlab.fast.engine import FastEngine, FastOptions
 from inferlab.model.registry import load_model
+from inferlab.storage import new_run_folder, write_json_atomic
 
 # (name, N, K, kind): the five matrices of a TinyLlama decode step.
 SHAPES = [
@@ -126,7 +128,7 @@ def probe_shape(name: str, N: int, K: int, kind: str, device, bandwidth: float, 
     cublas_weights = [w[:N] if gated else w for w in weights]
     cublas_us = time_per_launch_us([lambda w=w: F.linear(x, w) for w in cublas_weights])
     cublas_bytes = N * K * 2
-    default_us = next((r["us"] for r in results if r["config"] == ops.DEFAULT_GEMV.__dict__), None)
+    default_us = next((r["us"] for r in results if r["config"] == ops.DEFAULT_POLICY.default_gemv.__dict__), None)
     current = ops.gemv_config(N, K, gated).__dict__
     current_us = next((r["us"] for r in results if r["config"] == current), None)
     best = results[0] if results else None
@@ -182,7 +184,6 @@ ROWS_CANDIDATES = [ops.LaunchConfig(bn, bk, 4, stages) for bn in (16, 32) for bk
 def batched_steps(loaded, measured, batch_sizes: list[int], budget_s: float, candidates) -> list[dict]:
     """The decode step at each batch size: one program per row (per-row) against the tensor-core
     kernel with each candidate launch shape, until the budget runs out."""
-    in_use = ops.ROWS_MIN_BATCH, ops.ROWS_GEMV
     deadline = time.perf_counter() + budget_s
     steps = []
     options = FastOptions(compile=False, graphs=True, triton=True)
@@ -190,22 +191,20 @@ def batched_steps(loaded, measured, batch_sizes: list[int], budget_s: float, can
         if batch_size == 1:
             steps.append(step_tpot(loaded, measured, options, "triton, batch 1", 1))
             continue
-        ops.ROWS_MIN_BATCH = batch_size + 1
-        steps.append({**step_tpot(loaded, measured, options, f"triton, batch {batch_size}, per-row", batch_size),
+        per_row = replace(options, launch=ops.LaunchPolicy(rows_min_batch=batch_size + 1))
+        steps.append({**step_tpot(loaded, measured, per_row, f"triton, batch {batch_size}, per-row", batch_size),
                       "batched_gemv": "per-row"})
-        ops.ROWS_MIN_BATCH = 2
         for config in candidates:
             if time.perf_counter() > deadline:
                 break
-            ops.ROWS_GEMV = config
+            rows = replace(options, launch=ops.LaunchPolicy(rows_min_batch=2, rows_gemv=config))
             label = f"triton, batch {batch_size}, rows {config.__dict__}"
             try:
-                step = step_tpot(loaded, measured, options, label, batch_size)
+                step = step_tpot(loaded, measured, rows, label, batch_size)
             except Exception as error:  # a shape the compiler rejects (shared memory, registers)
                 print(f"step {label}: {type(error).__name__}: {str(error).splitlines()[0][:120]}", flush=True)
                 continue
             steps.append({**step, "batched_gemv": "rows", "config": config.__dict__})
-    ops.ROWS_MIN_BATCH, ops.ROWS_GEMV = in_use
     return steps
 
 
@@ -262,12 +261,13 @@ def main() -> int:
                         help="only the decode step at these batch sizes (e.g. 1,2,4,8): per-row programs against the "
                              "tensor-core kernel's launch shapes, within --probe-budget-s")
     parser.add_argument("--rows-candidates", choices=("all", "in-use"), default="all",
-                        help="the tensor-core kernel's launch shapes to try: all candidates, or ROWS_GEMV only")
+                        help="the tensor-core kernel's launch shapes to try: all candidates, or the default policy's only")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("kernel_configs: needs a CUDA device", file=sys.stderr)
         return 2
-    args.out.mkdir(parents=True, exist_ok=True)
+    out = new_run_folder(args.out, "kernels")  # a new folder each run: nothing earlier is overwritten
+    print(f"writing to {out}", flush=True)
     device = torch.device("cuda")
     env = fingerprint.environment(device)
     measured = roofline.device_bandwidth(device, env["device_name"], probe=True)
@@ -278,11 +278,11 @@ def main() -> int:
           f"driver {env['driver']} | copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
     if args.batch_sizes:
         loaded = load_model("tinyllama-1.1b-random", device, torch.bfloat16)
-        candidates = ROWS_CANDIDATES if args.rows_candidates == "all" else [ops.ROWS_GEMV]
+        candidates = ROWS_CANDIDATES if args.rows_candidates == "all" else [ops.DEFAULT_POLICY.rows_gemv]
         steps = batched_steps(loaded, measured, [int(b) for b in args.batch_sizes.split(",")], args.probe_budget_s,
                               candidates)
-        (args.out / "kernels.json").write_text(json.dumps({"environment": env, "triton": triton.__version__,
-                                                            "bandwidth": bandwidth, "steps": steps}, indent=1))
+        write_json_atomic(out / "kernels.json", {"environment": env, "triton": triton.__version__,
+                                                 "bandwidth": bandwidth, "steps": steps})
         return 0
     deadline = time.perf_counter() + args.probe_budget_s
     pdl = ops.pdl_supported(device) and not args.no_pdl
@@ -292,7 +292,7 @@ def main() -> int:
     attention = [row for position in (128, 255) for row in probe_attention(device, position, 256, pdl)]
     report = {"environment": env, "triton": triton.__version__, "bandwidth": bandwidth, "pdl": pdl, "shapes": shapes,
               "attention": attention}
-    (args.out / "kernels.json").write_text(json.dumps(report, indent=1))
+    write_json_atomic(out / "probes.json", report)  # kept if the step measurements below fail
 
     best = {(s["N"], s["K"], s["kind"] == "gated"): ops.LaunchConfig(**s["results"][0]["config"]) for s in shapes if s["results"]}
     if len(best) == len(SHAPES):
@@ -307,19 +307,17 @@ def main() -> int:
         return 0
     loaded = load_model("tinyllama-1.1b-random", device, torch.bfloat16)
     report["breakdown"] = [step_breakdown(loaded, position) for position in (128, 192, 255)]
-    in_use = dict(ops.MEASURED_GEMV)
+    in_use = ops.DEFAULT_POLICY.gemv
     steps = []
     for pdl_on in (False, True):
         options = FastOptions(compile=False, graphs=True, triton=True, pdl=pdl_on)
         steps.append(step_tpot(loaded, measured, options, f"triton, shapes in use, PDL {'on' if pdl_on else 'off'}"))
     if any(in_use.get(key) != config for key, config in best.items()):
-        ops.MEASURED_GEMV.update(best)
-        options = FastOptions(compile=False, graphs=True, triton=True, pdl=pdl)
+        probed = ops.LaunchPolicy(gemv=MappingProxyType({**in_use, **best}))
+        options = FastOptions(compile=False, graphs=True, triton=True, pdl=pdl, launch=probed)
         steps.append(step_tpot(loaded, measured, options, f"triton, best shapes of this probe, PDL {'on' if pdl else 'off'}"))
-        ops.MEASURED_GEMV.clear()
-        ops.MEASURED_GEMV.update(in_use)
     report["steps"] = steps
-    (args.out / "kernels.json").write_text(json.dumps(report, indent=1))
+    write_json_atomic(out / "kernels.json", report)
     return 0
 
 
