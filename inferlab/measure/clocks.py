@@ -9,6 +9,7 @@ the work is synchronous (the CPU).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -25,18 +26,19 @@ class TokenClock(Protocol):
 
 
 class HostClock:
-    """perf_counter timestamps; for synchronous (CPU) work only."""
+    """Host timestamps (``time.perf_counter`` unless `now` is given, in seconds); for synchronous (CPU) work only."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.perf_counter) -> None:
+        self._now = now
         self._t0 = 0.0
         self._marks: list[float] = []
 
     def start(self) -> None:
         self._marks = []
-        self._t0 = time.perf_counter()
+        self._t0 = self._now()
 
     def mark(self) -> None:
-        self._marks.append(time.perf_counter())
+        self._marks.append(self._now())
 
     def finish(self) -> tuple[float, ...]:
         return tuple((t - self._t0) * 1e3 for t in self._marks)
