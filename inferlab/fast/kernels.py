@@ -275,10 +275,9 @@ def _gemv_rows_kernel(
     tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-# From ROWS_MIN_BATCH rows on, the tensor-core kernel (tiles of at least 16 x 16 x 16); below it,
-# one `_gemv_kernel` program per row and weight block, sharing each tile between rows through L2.
-# On the H200 (TinyLlama step, kernel_configs.py --batch-sizes): per-row 0.96 / 1.50 / 2.66 ms at
-# batch 2 / 4 / 8, tensor-core kernel 1.30 / 1.33 / 1.36 ms.
+# From `policy.rows_min_batch` rows on, the tensor-core kernel (tiles of at least 16 x 16 x 16);
+# below it, one `_gemv_kernel` program per row and weight block, sharing each tile between rows
+# through L2. The switch point is measured (docs/perf/h200/kernels.md, § Batches).
 def gemv(
     x: torch.Tensor,
     weight: torch.Tensor,

@@ -199,3 +199,15 @@ def markdown_text(report: SweepReport) -> str:
         lines.append("")
     lines.append("Rules and formulas: `inferlab/suite/hypotheses.py`.")
     return "\n".join(lines) + "\n"
+
+
+# ----------------------------------------------------------------------------- gate simulation
+
+
+def format_simulation(simulation: dict) -> str:
+    lines = ["| true slowdown | method | FAIL | INCONCLUSIVE | PASS |", "|---|---|---|---|---|"]
+    for slowdown, methods in simulation["rates"].items():
+        for method, r in methods.items():
+            lines.append(f"| {slowdown} | {method} | {100 * r['FAIL']:.1f}% | {100 * r['INCONCLUSIVE']:.1f}% | "
+                         f"{100 * r['PASS']:.1f}% |")
+    return "\n".join(lines)

@@ -16,128 +16,23 @@ prompt 128 random tokens, 128 new tokens, greedy, EOS ignored, CUDA events.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from inferlab.measure import fingerprint
 from inferlab.measure import roofline
-from inferlab.measure.bench import BenchConfig, build_prompt, decode_config, run_benchmark, run_once
-from inferlab.decode.loop import DecodeConfig, generate_steps
+from inferlab.measure.bench import BenchConfig, build_prompt, run_benchmark
 from inferlab.decode.engines import make_engine
-from inferlab.fast.engine import FastEngine, FastLlama, FastOptions
+from inferlab.fast.engine import FastEngine, FastOptions
 from inferlab.model.registry import default_model, load_model
-from inferlab.measure.clocks import clock_for, synchronize
 from inferlab.storage import new_run_folder, write_json_atomic
-
-
-def reference_logits(model, prompt, tokens: torch.Tensor) -> torch.Tensor:
-    """fp32 logits [B, N, V] for each generated position, teacher-forced on `tokens` [B, N]."""
-    reference = copy.deepcopy(model).to(torch.float32)  # the same weights, upcast: the same function
-    ids = torch.cat([prompt.input_ids, tokens[:, :-1]], dim=1)
-    with torch.inference_mode():
-        logits = reference(input_ids=ids).logits[:, prompt.length - 1 :].float()
-    del reference
-    if ids.device.type == "cuda":
-        torch.cuda.empty_cache()
-    return logits
-
-
-def correctness(loaded, prompt, new_tokens: int, fast_engine) -> dict:
-    """Greedy token agreement of fast vs eager, and each one's logit error against an fp32 reference.
-
-    Both run in bf16, so neither equals fp32; the fast engine is as correct as the eager loop when
-    its error against fp32 (on the same teacher-forced tokens) is of the same size as the eager
-    loop's own.
-    """
-    config = DecodeConfig(new_tokens, ignore_eos=True)
-    eager_steps = [(s.tokens.clone(), s.logits.clone()) for s in generate_steps(loaded.model, prompt, config)]
-    eager_tokens = torch.stack([t for t, _ in eager_steps], dim=1)
-    eager_logits = torch.stack([l for _, l in eager_steps], dim=1)  # [B, N, V]
-    fast_engine.prepare(prompt, config)
-    fast_tokens = fast_engine.run(prompt, config, None, clock_for(loaded.device, new_tokens))
-    synchronize(loaded.device)
-    same = (fast_tokens == eager_tokens)[0].tolist()
-    first_divergence = same.index(False) if False in same else None
-    # Teacher-forced: the fast model fed the eager tokens, its decode step through the same
-    # Triton kernels as the engine's (or the torch step, uncompiled, when the engine compiles it).
-    options = fast_engine.options
-    kernels = None
-    if options.triton:
-        from inferlab.fast.kernels import Kernels
-
-        kernels = Kernels(pdl=options.pdl)
-    net = FastLlama(loaded.model, sdpa=options.sdpa)
-    net.setup_cache(prompt.batch_size, prompt.length + new_tokens)
-    fast_logits = []
-    with torch.inference_mode():
-        fast_logits.append(net(prompt.input_ids, torch.arange(prompt.length, device=loaded.device))[:, -1])
-        for index in range(1, new_tokens):
-            position = torch.tensor([prompt.length + index - 1], device=loaded.device)
-            step_tokens = eager_tokens[:, index - 1 : index]
-            if kernels is None:
-                fast_logits.append(net(step_tokens, position)[:, -1])
-            else:
-                fast_logits.append(net.decode(step_tokens, position, kernels))
-    fast_logits = torch.stack(fast_logits, dim=1)
-    reference = reference_logits(loaded.model, prompt, eager_tokens)
-    top1 = reference.argmax(-1)
-    # Where fast and eager pick different tokens on the same inputs, how close was the race? The
-    # fp32 gap between the two best logits there; next to the bf16 error above, a gap that small
-    # is a near-tie that either engine may break either way.
-    top2 = reference.topk(2, dim=-1).values
-    gap = top2[..., 0] - top2[..., 1]
-    differ = fast_logits.argmax(-1) != eager_logits.argmax(-1)
-    return {
-        "greedy_token_agreement_fast_vs_eager": sum(same) / len(same),
-        "first_divergence_step": first_divergence,
-        "max_abs_logit_diff_fast_vs_eager": (fast_logits - eager_logits).abs().max().item(),
-        "max_abs_logit_err_eager_vs_fp32": (eager_logits - reference).abs().max().item(),
-        "max_abs_logit_err_fast_vs_fp32": (fast_logits - reference).abs().max().item(),
-        "mean_abs_logit_err_eager_vs_fp32": (eager_logits - reference).abs().mean().item(),
-        "mean_abs_logit_err_fast_vs_fp32": (fast_logits - reference).abs().mean().item(),
-        "top1_agreement_eager_vs_fp32": (eager_logits.argmax(-1) == top1).float().mean().item(),
-        "top1_agreement_fast_vs_fp32": (fast_logits.argmax(-1) == top1).float().mean().item(),
-        "max_abs_logit_fp32": reference.abs().max().item(),
-        "teacher_forced_top1_agreement_fast_vs_eager": 1 - differ.float().mean().item(),
-        "max_fp32_top2_gap_where_fast_and_eager_differ": gap[differ].max().item() if differ.any() else None,
-        "median_fp32_top2_gap": gap.median().item(),
-    }
-
-
-def timer_cost(loaded, engine, pairs: int, prompt_length: int, new_tokens: int) -> dict:
-    """Median TPOT with per-token events and with first/last events only, runs interleaved."""
-    config = BenchConfig(engine=engine.name, prompt_length=prompt_length, output_length=new_tokens)
-    prompt, decode = build_prompt(loaded, config), decode_config(loaded, config)
-    engine.prepare(prompt, decode)
-    per_token = clock_for(loaded.device, new_tokens, per_token=True)
-    endpoints = clock_for(loaded.device, new_tokens, per_token=False)
-    for _ in range(3):
-        run_once(engine, prompt, decode, None, per_token, loaded.device)
-    a, b, wall_gaps = [], [], []
-    for _ in range(pairs):
-        run = run_once(engine, prompt, decode, None, per_token, loaded.device)
-        a.append(run.tpot_ms)
-        wall_tpot = (run.wall_ms - run.ttft_ms) / (run.num_tokens - 1)
-        wall_gaps.append(abs(wall_tpot - run.tpot_ms) / run.tpot_ms)
-        b.append(run_once(engine, prompt, decode, None, endpoints, loaded.device).tpot_ms)
-    return {
-        "engine": engine.name,
-        "pairs": pairs,
-        "tpot_ms_per_token_events_p50": float(np.median(a)),
-        "tpot_ms_endpoint_events_p50": float(np.median(b)),
-        "relative_cost": float(np.median(a) / np.median(b) - 1),
-        "wall_vs_events_max_rel_gap": float(max(wall_gaps)),
-        "wall_vs_events_median_rel_gap": float(np.median(wall_gaps)),
-        "raw_per_token": a,
-        "raw_endpoints": b,
-    }
+from inferlab.fast.check import teacher_forced_check
+from inferlab.measure.clock_cost import timer_cost
 
 
 VARIANTS = [
@@ -190,7 +85,7 @@ def main() -> int:
         chosen.append(("fast: eager kernels, no graphs (CPU)", FastOptions(compile=False, graphs=False)))
     default_fast = FastEngine(loaded.model)
     start = time.perf_counter()
-    check = correctness(loaded, prompt, args.output_length, default_fast)
+    check = teacher_forced_check(loaded, prompt, args.output_length, default_fast)
     print(f"correctness (and compiling the default fast engine, {time.perf_counter() - start:.0f} s):", json.dumps(check), flush=True)
     if args.correctness_only:
         write_json_atomic(out / "engines.json", {"environment": env, "bandwidth": bandwidth, "correctness": check})

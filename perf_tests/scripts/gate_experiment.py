@@ -51,7 +51,9 @@ from pathlib import Path
 
 import numpy as np
 
+from inferlab.look import tables
 from inferlab.suite import gate
+from inferlab.suite.gate import simulate
 from inferlab.errors import UsageError
 from inferlab.storage import write_json_atomic
 
@@ -204,13 +206,6 @@ def reference_tpot_ms(runs: list[gate.Run]) -> float:
     return float(np.median([np.median([run.get(n).median_ms for run in runs]) for n in names]))
 
 
-def point_rule(row: gate.Row) -> str:
-    """The alternative rule: FAIL if low > 1 and ratio >= 1 + t; PASS if high < 1 + t; else INCONCLUSIVE."""
-    if row.ci_low > 1 and row.ratio >= 1 + row.threshold:
-        return gate.FAIL
-    return gate.PASS if row.ci_high < 1 + row.threshold else gate.INCONCLUSIVE
-
-
 def judge(base: list[gate.Run], head: list[gate.Run], threshold: float, confidence: float,
           noises: dict[str, float]) -> dict[str, dict[str, str]]:
     """method -> {fullname: verdict} for one pair (several runs per side allowed, except for pytest-benchmark)."""
@@ -221,7 +216,7 @@ def judge(base: list[gate.Run], head: list[gate.Run], threshold: float, confiden
     for label, noise in noises.items():
         report = gate.compare(base, head, {"default": threshold}, confidence=confidence, run_noise=noise)
         verdicts[f"gate run_noise={label}"] = {row.fullname: row.verdict for row in report.rows}
-        verdicts[f"point rule run_noise={label}"] = {row.fullname: point_rule(row) for row in report.rows}
+        verdicts[f"point rule run_noise={label}"] = {row.fullname: simulate.point_rule(row) for row in report.rows}
         verdicts[f"ratio run_noise={label}"] = {row.fullname: row.ratio for row in report.rows}
     return verdicts
 
@@ -322,49 +317,6 @@ def environment(run: gate.Run) -> dict:
             "python": platform.python_version()}
 
 
-def synthetic_run(rng: np.random.Generator, slowdown: float, entries: int, rounds: int, within: float,
-                  run_noise: float) -> gate.Run:
-    """A run of `entries` benchmarks of 1 ms x (1 + slowdown): one N(0, run_noise) shift per benchmark, N(0, within) per round."""
-    series = []
-    for index in range(entries):
-        shift = rng.normal(0.0, run_noise)
-        rounds_s = 1e-3 * (1 + slowdown) * np.exp(shift + rng.normal(0.0, within, rounds))
-        series.append(gate.Series(f"sim::tpot[{index}]", f"tpot[{index}]", "tpot_ms", tuple(rounds_s), {}))
-    return gate.Run(Path(f"synthetic-{slowdown}"), {}, tuple(series))
-
-
-def simulate(pairs: int, threshold: float, confidence: float, run_noise: float, within: float, rounds: int,
-             entries: int = 4, seed: int = 0) -> dict:
-    """Per true slowdown: per-entry FAIL / INCONCLUSIVE rates of each rule when run_noise is known exactly."""
-    rng = np.random.default_rng(seed)
-    results = {}
-    for slowdown in (0.0, threshold / 2, threshold, 2 * threshold):
-        verdicts = {"pytest-benchmark median": [], "gate": [], "point rule": []}
-        for _ in range(pairs):
-            base = synthetic_run(rng, 0.0, entries, rounds, within, run_noise)
-            head = synthetic_run(rng, slowdown, entries, rounds, within, run_noise)
-            verdicts["pytest-benchmark median"] += [gate.FAIL if f else gate.PASS
-                                                    for f in gate.pytest_benchmark_style(base, head, threshold).values()]
-            rows = gate.compare([base], [head], {"default": threshold}, confidence=confidence, run_noise=run_noise).rows
-            verdicts["gate"] += [row.verdict for row in rows]
-            verdicts["point rule"] += [point_rule(row) for row in rows]
-        results[f"{100 * slowdown:g}%"] = {
-            method: {v: found.count(v) / len(found) for v in (gate.FAIL, gate.INCONCLUSIVE, gate.PASS)}
-            for method, found in verdicts.items()
-        }
-    return {"pairs": pairs, "entries": entries, "rounds": rounds, "within_round_noise": within, "run_noise": run_noise,
-            "threshold": threshold, "confidence": confidence, "rates": results}
-
-
-def format_simulation(simulation: dict) -> str:
-    lines = ["| true slowdown | method | FAIL | INCONCLUSIVE | PASS |", "|---|---|---|---|---|"]
-    for slowdown, methods in simulation["rates"].items():
-        for method, r in methods.items():
-            lines.append(f"| {slowdown} | {method} | {100 * r['FAIL']:.1f}% | {100 * r['INCONCLUSIVE']:.1f}% | "
-                         f"{100 * r['PASS']:.1f}% |")
-    return "\n".join(lines)
-
-
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="a new folder (or an earlier one with --resume)")
@@ -403,12 +355,12 @@ def parse_args() -> argparse.Namespace:
 def main() -> int:
     args = parse_args()
     if args.simulate:
-        simulation = simulate(args.simulate, args.threshold, args.confidence, args.sim_run_noise, args.sim_within,
+        simulation = simulate.simulate(args.simulate, args.threshold, args.confidence, args.sim_run_noise, args.sim_within,
                               args.rounds)
         args.out.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         saved = write_json_atomic(args.out / f"simulation-{stamp}.json", {**simulation, "command": " ".join(sys.argv)})
-        print(format_simulation(simulation))
+        print(tables.format_simulation(simulation))
         print(f"\nsaved {saved}")
         return 0
     start = time.perf_counter()

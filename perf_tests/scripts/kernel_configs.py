@@ -43,6 +43,7 @@ from inferlab.measure.bench import BenchConfig, run_benchmark
 from inferlab.fast.engine import FastEngine, FastOptions
 from inferlab.model.registry import load_model
 from inferlab.storage import new_run_folder, write_json_atomic
+from inferlab.measure.graph_timing import graph_us, time_per_launch_us
 
 # (name, N, K, kind): the five matrices of a TinyLlama decode step.
 SHAPES = [
@@ -69,36 +70,6 @@ def kwargs_for(kind: str, x: torch.Tensor, N: int) -> dict:
         "residual": dict(residual=torch.randn(x.shape[0], N, device=x.device, dtype=x.dtype)),
         "logits": dict(norm=norm, eps=1e-5, out_dtype=torch.float32),
     }[kind]
-
-
-def time_per_launch_us(launches: list, replays: int = 20, repeats: int = 5) -> float:
-    """Median over `repeats` of (graph replay time / launches), the graph holding every launch once.
-
-    With programmatic dependent launch, consecutive launches overlap as they do in a decode step."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for launch in launches:
-            launch()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for launch in launches:
-            launch()
-    graph.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / (replays * len(launches)))
-    del graph
-    return sorted(samples)[len(samples) // 2]
 
 
 def probe_shape(name: str, N: int, K: int, kind: str, device, bandwidth: float, deadline: float, tiles: list,
@@ -206,11 +177,6 @@ def batched_steps(loaded, measured, batch_sizes: list[int], budget_s: float, can
                 continue
             steps.append({**step, "batched_gemv": "rows", "config": config.__dict__})
     return steps
-
-
-def graph_us(body, replays: int = 200) -> float:
-    """Median time of one replay of a CUDA graph of `body`, over 5 batches of `replays`."""
-    return time_per_launch_us([body], replays=replays)
 
 
 @torch.inference_mode()

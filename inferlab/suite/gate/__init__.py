@@ -8,8 +8,8 @@ test) whose ``stats["data"]`` holds the raw round times in seconds.
 Why runs, not rounds, are the unit. A benchmark's rounds run back to back in one pytest
 process and share its clock frequency, core placement, allocator layout, thermal state and the
 neighbours' load at that time, so they shift together: the spread of rounds inside a run
-understates how much a second run would differ (on a shared 2-vCPU VM: rounds' interquartile
-range about -5% / +8% of the median, run medians' std of log 15-30%; docs/perf/gate-cpu.md).
+understates how much a second run would differ (docs/perf/gate-cpu.md has the figures measured
+on a shared 2-vCPU VM).
 Treating rounds as independent samples makes an A/A comparison of two runs "significant" far
 too often. So each run contributes one number, the median of its rounds, and the spread
 between runs is modelled explicitly.
@@ -51,9 +51,8 @@ resolve. This rule FAILs it unless the interval still holds 1: here INCONCLUSIVE
 "the interval holds both 1 and 1 + t", which more runs always resolve. The price: a real
 slowdown within the interval's half-width below t can FAIL too (it is significant, and the data
 cannot show it is smaller than t). A FAIL's interval lies above 1 and reaches 1 + t, so its
-estimate is roughly t / 2 or more. Simulated on a quiet machine (run_noise 0.5%, 20 rounds with
-1% noise, t = 5%), a true 5% slowdown FAILed 99.4% of the time against 50.6% with the
-point-estimate rule, and a true 2.5% one 31% against 0.1% (docs/perf/gate-cpu.md).
+estimate is roughly t / 2 or more. `inferlab.suite.gate.simulate` measures both rules' FAIL
+rates on synthetic runs of known slowdown (results in docs/perf/gate-cpu.md).
 
 Suite: FAIL if any benchmark FAILs, else INCONCLUSIVE if any is, else PASS; exit codes 1, 3, 0.
 
