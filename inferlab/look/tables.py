@@ -281,4 +281,5 @@ def markdown_text(report: SweepReport) -> str:
         lines += [f"- **{v.verdict}**: {v.name}. {v.explanation}" for v in group.verdicts]
         lines.append("")
     lines.append("Rules and formulas: `inferlab/suite/hypotheses.py`.")
+    lines += ["", *cost_notes(report.results)]
     return "\n".join(lines) + "\n"
