@@ -130,3 +130,7 @@ def test_the_sweep_table_says_once_why_energy_is_missing(tiny):
     notes = tables.cost_notes(results)
     assert sum(line.startswith("energy:") for line in notes) == 1
     assert all(r.energy.reason in notes[-1] for r in results)
+
+
+def test_pci_bus_id_is_in_nvmls_format():
+    assert energy.pci_bus_id(0, 0x1B, 0) == b"00000000:1B:00.0"

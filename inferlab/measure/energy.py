@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -136,18 +137,24 @@ def meter_from_nvml(nvml, locate: Callable[[object], object], clock: Callable[[]
     return meter
 
 
+def pci_bus_id(domain: int, bus: int, slot: int) -> bytes:
+    """NVML's bus id format, ``%08X:%02X:%02X.0``."""
+    return f"{domain:08X}:{bus:02X}:{slot:02X}.0".encode()
+
+
 def cuda_locator(device: torch.device) -> Callable[[object], object]:
     """Finds `device` in NVML by its PCI bus id (CUDA and NVML may number GPUs differently), or by
     its index when no CUDA_VISIBLE_DEVICES renumbers them."""
 
     def locate(nvml):
         props = torch.cuda.get_device_properties(device)
-        domain, bus, slot = (getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id"))
-        if None not in (domain, bus, slot):
-            return nvml.nvmlDeviceGetHandleByPciBusId(f"{domain:08x}:{bus:02x}:{slot:02x}.0".encode())
-        if os.environ.get("CUDA_VISIBLE_DEVICES") is None:
-            return nvml.nvmlDeviceGetHandleByIndex(device.index or 0)
-        raise ValueError("cannot match the CUDA device to an NVML device (no PCI bus id, GPUs renumbered)")
+        ids = tuple(getattr(props, name, None) for name in ("pci_domain_id", "pci_bus_id", "pci_device_id"))
+        renumbered = os.environ.get("CUDA_VISIBLE_DEVICES") is not None
+        if None in ids:
+            if renumbered:
+                raise ValueError("cannot match the CUDA device to an NVML device (no PCI bus id, GPUs renumbered)")
+            return nvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device() if device.index is None else device.index)
+        return nvml.nvmlDeviceGetHandleByPciBusId(pci_bus_id(*ids))
 
     return locate
 
@@ -158,7 +165,9 @@ def open_meter(device: torch.device, nvml=None) -> NvmlMeter | Unavailable:
         return Unavailable(f"not measured on {device.type}: NVML's energy counter exists on NVIDIA GPUs only")
     if nvml is None:
         try:
-            import pynvml as nvml
+            with warnings.catch_warnings():  # the old `pynvml` wrapper package warns that it is deprecated
+                warnings.simplefilter("ignore", FutureWarning)
+                import pynvml as nvml
         except ImportError:
             return Unavailable("not measured: nvidia-ml-py is not installed (pip install 'inferlab[gpu]')")
     return meter_from_nvml(nvml, cuda_locator(device))

@@ -133,5 +133,9 @@ def profile_request(engine, prompt, decode, generator, clock, device: torch.devi
                 marking.finish()
             where = f"decode steps {first}-{first + recorded - 1}"
         storage.write_bytes_atomic(trace_path, raw.read_bytes())
-    rows = rank_events(profiler.key_averages(), on_device, recorded)
-    return ProfileSummary(device.type, "kernels" if on_device else "operators", recorded, where, rows, trace_path.name)
+    events = profiler.key_averages()
+    rows = rank_events(events, on_device, recorded)
+    unit = "kernels" if on_device else "operators"
+    if on_device and not rows:  # no kernel events came back (CUPTI unavailable): rank the operators instead
+        rows, unit = rank_events(events, False, recorded), "operators"
+    return ProfileSummary(device.type, unit, recorded, where, rows, trace_path.name)
