@@ -53,3 +53,16 @@ def test_every_bench_result_carries_its_memory_and_round_trips(tiny):
     again = result_from_dict(json.loads(json.dumps(result.to_dict())))
     assert again.memory == usage
     assert "memory: weights" in format_result(result) and "process peak RSS" in format_result(result)
+
+
+def test_the_csv_row_carries_memory_in_mib_and_no_energy_on_the_cpu(tiny):
+    import csv
+    import io
+
+    from inferlab.look.tables import csv_text
+
+    result = run_benchmark(tiny, BenchConfig(prompt_length=4, output_length=2, warmup_runs=0, runs=1))
+    [row] = list(csv.DictReader(io.StringIO(csv_text([result]))))
+    assert float(row["weight_mib"]) == round(memory.weight_bytes(tiny.model) / 2**20, 4)
+    assert float(row["peak_rss_mib"]) > 0
+    assert row["peak_allocated_mib"] == row["joules_per_token"] == row["mean_watts"] == ""
