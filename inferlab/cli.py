@@ -62,6 +62,9 @@ def _add_bench_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--runs", type=_positive_int, default=5, help="measured runs (default 5)")
     parser.add_argument("--no-probe", action="store_true", help="use the datasheet bandwidth instead of measuring a device copy")
     parser.add_argument("--out", type=Path, default=Path("results"), help="results folder (default ./results)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timed runs, record a torch.profiler trace of a few decode steps "
+                             "(Chrome/Perfetto JSON beside the results) and list the top kernels per step")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -135,7 +138,11 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--confidence", type=float, default=0.95, help="family-wise confidence (default 0.95)")
     gate.add_argument("--run-noise", type=float, default=0.01,
                       help="process-to-process spread of a run's median, as a fraction (default 0.01)")
-    gate.add_argument("--json", type=Path, default=None, help="also write the verdicts to this new JSON file")
+    gate.add_argument("--json", type=Path, default=None,
+                      help="also write the verdicts to this new JSON file, and the HTML report beside it (.html)")
+    gate.add_argument("--profiles", nargs=2, type=Path, default=None, metavar=("BASE.json", "HEAD.json"),
+                      help="bench.json files written by `inferlab bench --profile` for base and head: on FAIL, "
+                           "print the kernels whose time per step grew most")
     return parser
 
 
@@ -264,7 +271,8 @@ def cmd_bench(args) -> int:
     reporting = layouts.rank() == 0  # under tensor parallelism every rank runs, rank 0 reports
     folder = new_run_folder(args.out, "bench") if reporting else None
     loaded = _load(args)
-    result = run_benchmark(loaded, config, _bandwidth(loaded, args.no_probe))
+    trace = folder / "bench.trace.json" if reporting and args.profile else None
+    result = run_benchmark(loaded, config, _bandwidth(loaded, args.no_probe), profile_trace=trace)
     if not reporting:
         return 0
     path = write_json_atomic(folder / "bench.json", result.to_dict())
@@ -294,7 +302,8 @@ def cmd_sweep(args) -> int:
         return 0
     folder = new_run_folder(args.out, "sweep")
     try:
-        report = sweep.run_sweep(loaded, config, folder, _bandwidth(loaded, args.no_probe), sweep.TqdmProgress())
+        report = sweep.run_sweep(loaded, config, folder, _bandwidth(loaded, args.no_probe), sweep.TqdmProgress(),
+                                 profile=args.profile)
     except KeyboardInterrupt:
         print(f"inferlab: interrupted: finished configurations are saved in {folder}", file=sys.stderr)
         return 130
@@ -313,6 +322,8 @@ def cmd_timing_demo(args) -> int:
 
 
 def cmd_gate(args) -> int:
+    from inferlab.look import html_report, profile_diff
+    from inferlab.storage import write_text_atomic
     from inferlab.suite import gate
 
     base = ([args.base] if args.base else []) + list(args.base_runs)
@@ -322,14 +333,31 @@ def cmd_gate(args) -> int:
     base_runs = [gate.load_run(p) for p in base]
     head_runs = [gate.load_run(p) for p in head]
     gate.check_comparable(base_runs, head_runs)
+    profiles = [profile_diff.load_profile(p) for p in args.profiles] if args.profiles else None
+    page = _html_beside(args.json)
     report = gate.compare(
         base_runs, head_runs, thresholds=gate.parse_thresholds(args.threshold),
         confidence=args.confidence, run_noise=args.run_noise,
     )
     print(gate.format_table(report))
+    changes = None
+    if profiles and report.verdict == gate.FAIL:
+        changes = profile_diff.kernel_diff(*profiles)
+        print(profile_diff.format_kernel_diff(changes, *profiles))
     if args.json is not None:
         gate.write_report_json(report, args.json)
+        write_text_atomic(page, html_report.gate_html(report, base_runs[0].machine, changes))
     return report.exit_code
+
+
+def _html_beside(json_path: Path | None) -> Path | None:
+    """The gate's HTML page beside its JSON; refused early if it exists (nothing is overwritten)."""
+    if json_path is None:
+        return None
+    page = json_path.with_suffix(".html") if json_path.suffix != ".html" else json_path.with_name(json_path.name + ".html")
+    if page.exists():
+        raise UsageError(f"{page} exists and is kept: choose another --json path")
+    return page
 
 
 COMMANDS = {

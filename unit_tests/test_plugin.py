@@ -64,6 +64,11 @@ def test_autosave_writes_one_entry_per_metric_with_raw_rounds_and_the_fingerprin
         summary = bench["extra_info"][bench["extra_info"]["metric"]]
         # the entry's own series is that metric, in seconds
         assert bench["stats"]["median"] * 1e3 == pytest.approx(summary["p50"], rel=1e-6)
+        # what the requests cost: on the CPU no device peaks, the process's RSS, no energy (with the reason)
+        memory, energy = bench["extra_info"]["memory"], bench["extra_info"]["energy"]
+        assert memory["peak_allocated_bytes"] is None and memory["peak_rss_bytes"] > 0
+        assert memory["weight_bytes"] > 0 and memory["kv_cache_bytes"] > 0
+        assert energy["available"] is False and "cpu" in energy["reason"]
     # The three series are the same five requests: TPOT_i = (E2E_i - TTFT_i) / (N - 1) round by round.
     data = {b["extra_info"]["metric"]: b["stats"]["data"] for b in run["benchmarks"]}
     for ttft, tpot, e2e in zip(data["ttft_ms"], data["tpot_ms"], data["e2e_ms"]):

@@ -60,7 +60,58 @@ def format_result(result: BenchResult) -> str:
             f"floor TPOT {_fmt(line['floor_tpot_ms'], 3)} ms"
         )
     lines.append(wall_check_line(result))
+    lines += cost_lines(result)
     return "\n".join(lines)
+
+
+def _mib(value: int | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value / 2**20:,.1f} MiB" if value >= 2**20 else f"{value / 2**10:,.1f} KiB"
+
+
+def memory_line(usage) -> str:
+    """Device peaks (CUDA) or the process's peak RSS, weights and the KV cache at the final length."""
+    if usage.peak_allocated_bytes is not None:
+        peaks = f"peak allocated {_mib(usage.peak_allocated_bytes)}, reserved {_mib(usage.peak_reserved_bytes)}; "
+    else:
+        peaks = ""
+    return (f"memory: {peaks}weights {_mib(usage.weight_bytes)}; KV cache at the final length "
+            f"{_mib(usage.kv_cache_bytes)}; process peak RSS {_mib(usage.peak_rss_bytes)}")
+
+
+def energy_line(reading) -> str:
+    """J/token and mean W with the counter's resolution and update interval, or why there is none."""
+    if not hasattr(reading, "joules"):
+        return f"energy: {reading.reason}"
+    interval = "-" if reading.update_interval_s is None else f"{reading.update_interval_s * 1e3:.0f} ms"
+    spread = "" if reading.relative_uncertainty is None else f" (+-{100 * reading.relative_uncertainty:.1f}%)"
+    return (f"energy: {_fmt(reading.joules_per_token, 4)} J/token{spread}, mean {_fmt(reading.mean_watts, 1)} W "
+            f"over {reading.seconds:.2f} s and {reading.output_tokens} output tokens (NVML counter: 1 mJ resolution, "
+            f"updated every {interval}; whole board)")
+
+
+def profile_lines(summary, top: int = 10) -> list[str]:
+    """The top kernels (or CPU operators) by time per recorded step."""
+    what = "kernels by device time" if summary.unit == "kernels" else "CPU operators by self time"
+    total = sum(r.us_per_step for r in summary.rows)
+    lines = [f"profile: top {what} per step, {summary.window} ({summary.steps} steps); trace {summary.trace}",
+             f"  {'us/step':>10} {'share':>7} {'calls/step':>10}  name"]
+    for item in summary.rows[:top]:
+        share = 100 * item.us_per_step / total if total else 0.0
+        lines.append(f"  {item.us_per_step:>10.1f} {share:>6.1f}% {item.calls_per_step:>10.1f}  {item.name[:100]}")
+    return lines
+
+
+def cost_lines(result: BenchResult) -> list[str]:
+    lines = []
+    if result.memory is not None:
+        lines.append(memory_line(result.memory))
+    if result.energy is not None:
+        lines.append(energy_line(result.energy))
+    if result.profile is not None:
+        lines += profile_lines(result.profile)
+    return lines
 
 
 def wall_check_line(result: BenchResult) -> str:
@@ -88,8 +139,25 @@ CSV_FIELDS = (
     "engine", "batch_size", "prompt_length", "output_length", "status",
     "ttft_ms_p50", "ttft_ms_p95", "ttft_ms_p99", "tpot_ms_p50", "tpot_ms_p95", "tpot_ms_p99",
     "itl_ms_p50", "itl_ms_p99", "e2e_ms_p50", "e2e_ms_p95", "e2e_ms_p99",
-    "output_tokens_per_s_p50", "decode_tokens_per_s", "achieved_gb_per_s", "percent_of_peak", "error",
+    "output_tokens_per_s_p50", "decode_tokens_per_s", "achieved_gb_per_s", "percent_of_peak",
+    "peak_allocated_mib", "peak_reserved_mib", "weight_mib", "kv_cache_mib", "peak_rss_mib",
+    "joules_per_token", "mean_watts", "error",
 )
+
+
+def _mib_or_none(value: int | None) -> float | None:
+    return None if value is None else value / 2**20
+
+
+def cost_row(result: BenchResult) -> dict:
+    """Memory (MiB) and energy figures of one configuration; None where not measured."""
+    usage, reading = result.memory, result.energy
+    fields = ("peak_allocated", "peak_reserved", "weight", "kv_cache", "peak_rss")
+    values = {f"{name}_mib": None if usage is None else _mib_or_none(getattr(usage, f"{name}_bytes")) for name in fields}
+    measured = reading is not None and hasattr(reading, "joules")
+    values["joules_per_token"] = reading.joules_per_token if measured else None
+    values["mean_watts"] = reading.mean_watts if measured else None
+    return values
 
 
 def row(result: BenchResult) -> dict:
@@ -111,6 +179,7 @@ def row(result: BenchResult) -> dict:
         "decode_tokens_per_s": summary.get("decode_tokens_per_s"),
         "achieved_gb_per_s": line.get("achieved_gb_per_s"),
         "percent_of_peak": None if fraction is None else 100 * fraction,
+        **cost_row(result),
         "error": result.error,
     }
 
@@ -134,6 +203,9 @@ TABLE_COLUMNS = (
     ("tok/s p50", "output_tokens_per_s_p50", "{:.1f}"),
     ("GB/s", "achieved_gb_per_s", "{:.1f}"),
     ("% peak", "percent_of_peak", "{:.1f}%"),
+    ("GPU peak MiB", "peak_allocated_mib", "{:,.0f}"),
+    ("RSS MiB", "peak_rss_mib", "{:,.0f}"),
+    ("J/tok", "joules_per_token", "{:.4f}"),
 )
 KEY_COLUMNS = (("engine", "engine"), ("B", "batch_size"), ("P", "prompt_length"), ("N", "output_length"))
 
@@ -164,6 +236,16 @@ def status_line(report: SweepReport) -> str:
             f"{report.config.warmup_runs} warm-up + {report.config.runs} runs each | {report.config.sampling.describe()}")
 
 
+def cost_notes(results: Sequence[BenchResult]) -> list[str]:
+    """What the memory columns mean, and once, why energy was not measured (if it was not)."""
+    lines = ["memory: GPU peak = peak allocated since a reset before each configuration; "
+             "RSS = the process's peak resident memory so far"]
+    missing = [r.energy.reason for r in results if r.energy is not None and not hasattr(r.energy, "joules")]
+    if missing:
+        lines.append(f"energy: {missing[0]}")
+    return lines
+
+
 def format_sweep_table(report: SweepReport) -> str:
     """One row per configuration, then the verdict of each hypothesis per group, then where the files are."""
     headers = [h for h, _ in KEY_COLUMNS] + [h for h, _, _ in TABLE_COLUMNS]
@@ -178,6 +260,7 @@ def format_sweep_table(report: SweepReport) -> str:
     # a failed row: its key cells, then its status and error as they are
     lines += [line(cells) if len(cells) == len(headers) else f"{line(cells[:4])}  {cells[4]}" for cells in rows]
     lines += verdict_lines(report)
+    lines += cost_notes(report.results)
     if report.files:
         lines.append(f"files in {report.folder}: results/*.json, " + ", ".join(p.name for p in report.files))
     return "\n".join(lines)
@@ -198,6 +281,7 @@ def markdown_text(report: SweepReport) -> str:
         lines += [f"- **{v.verdict}**: {v.name}. {v.explanation}" for v in group.verdicts]
         lines.append("")
     lines.append("Rules and formulas: `inferlab/suite/hypotheses.py`.")
+    lines += ["", *cost_notes(report.results)]
     return "\n".join(lines) + "\n"
 
 

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import torch
 
-from inferlab.measure import fingerprint
+from inferlab.measure import energy, fingerprint, memory, profiling
 from inferlab.measure import roofline
 from inferlab.decode.loop import DecodeConfig
 from inferlab.decode.engines import ENGINE_NAMES, make_engine
@@ -67,6 +68,9 @@ class BenchResult:
     prompt_length: int  # the actual prompt length (a text prompt's token count)
     status: str = "ok"  # "ok", "oom" or "error"
     error: str | None = None
+    memory: memory.MemoryUsage | None = None
+    energy: energy.EnergyReading | energy.Unavailable | None = None
+    profile: profiling.ProfileSummary | None = None
 
     @property
     def summary(self) -> dict:
@@ -90,6 +94,9 @@ class BenchResult:
             "runs": [{"token_ms": list(r.token_ms), "wall_ms": r.wall_ms} for r in self.runs],
             "summary": self.summary,
             "roofline": self.roofline_summary(),
+            "memory": None if self.memory is None else self.memory.to_dict(),
+            "energy": None if self.energy is None else self.energy.to_dict(),
+            "profile": None if self.profile is None else self.profile.to_dict(),
         }
 
 
@@ -114,6 +121,9 @@ def result_from_dict(data: dict) -> BenchResult:
         prompt_length=data["prompt_length"],
         status=data.get("status", "ok"),
         error=data.get("error"),
+        memory=memory.memory_from_dict(data.get("memory")),
+        energy=energy.energy_from_dict(data.get("energy")),
+        profile=profiling.summary_from_dict(data.get("profile")),
     )
 
 
@@ -157,8 +167,16 @@ def run_benchmark(
     bandwidth: tuple[float | None, str] = (None, "unknown"),
     engine=None,
     on_run=None,
+    energy_meter=None,
+    profile_trace: Path | None = None,
 ) -> BenchResult:
-    """Warm up, then time `config.runs` requests; return every raw timestamp."""
+    """Warm up, then time `config.runs` requests; return every raw timestamp.
+
+    Around them: the device's memory peaks (reset first), the energy counter (read before the
+    first and after the last measured run; `energy_meter` as from `energy.open_meter`, opened
+    here when not given) and, with `profile_trace`, one more request under the profiler,
+    after the timed runs, its trace written to that new file.
+    """
     prompt = build_prompt(loaded, config)
     check_fits(loaded, prompt.length, config.output_length)
     device = loaded.device
@@ -166,6 +184,7 @@ def run_benchmark(
     generator = torch.Generator(device=device).manual_seed(config.seed)
 
     check_engine_layout(config.engine, loaded.layout)
+    memory.reset_peaks(device)
     prepare_start = time.perf_counter()
     engine = engine or make_engine(config.engine, loaded.model)
     engine.prepare(prompt, decode)  # compilation and graph capture: timed here, never in TPOT
@@ -177,11 +196,18 @@ def run_benchmark(
     warmups = []
     for _ in range(config.warmup_runs):
         warmups.append(run_once(engine, prompt, decode, generator, clock, timed).e2e_ms)
+    meter = energy_meter if energy_meter is not None else energy.open_meter(timed)
+    started = None if isinstance(meter, energy.Unavailable) else meter.start()
     runs = []
     for index in range(config.runs):
         runs.append(run_once(engine, prompt, decode, generator, clock, timed))
         if on_run is not None:
             on_run(index)
+    used = meter if started is None else meter.stop(started, config.runs * prompt.batch_size * config.output_length)
+    usage = memory.measure_usage(loaded.model, device, prompt.batch_size, prompt.length + config.output_length)
+    profile = None
+    if profile_trace is not None:
+        profile = profiling.profile_request(engine, prompt, decode, generator, clock, timed, profile_trace)
     return BenchResult(
         config=config,
         fingerprint=make_fingerprint(loaded, config, prompt.length),
@@ -191,6 +217,9 @@ def run_benchmark(
         roofline=roofline.roofline(loaded.model, prompt.batch_size, prompt.length, config.output_length,
                                    layout_bandwidth(bandwidth, loaded.layout)),
         prompt_length=prompt.length,
+        memory=usage,
+        energy=used,
+        profile=profile,
     )
 
 

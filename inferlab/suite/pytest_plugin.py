@@ -203,6 +203,16 @@ class _Models:
         # (model, engine, batch, prompt, output, rounds, warm-up) -> the requests measured for the
         # first metric of that case; its other metrics replay them (same requests, own series).
         self.recorded: dict = {}
+        self.costs: dict = {}  # the same key -> {"memory": ..., "energy": ...} of those requests
+        self._meter = None
+
+    def energy_meter(self):
+        """NVML's energy meter for the session's device, opened once (or why there is none)."""
+        from inferlab.measure import energy
+
+        if self._meter is None:
+            self._meter = energy.open_meter(self.session.device)
+        return self._meter
 
     def model(self, name: str):
         from inferlab.model.registry import load_model
@@ -284,6 +294,7 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
     """measure(case, model=None): benchmark one case; returns the measured RunTimes."""
     import torch
 
+    from inferlab.measure import energy, memory
     from inferlab.model.registry import default_benchmark_model
     from inferlab.measure.bench import BenchConfig, build_prompt, check_fits, decode_config, make_fingerprint, run_once
     from inferlab.measure.metrics import summarize
@@ -300,6 +311,7 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
                              output_length=case.output_length, warmup_runs=warmup, runs=rounds)
         prompt, decode = build_prompt(loaded, config), decode_config(loaded, config)
         check_fits(loaded, prompt.length, case.output_length)
+        memory.reset_peaks(loaded.device)
         engine.prepare(prompt, decode)
         timed = loaded.output_device  # each step ends at the LM head: on the last GPU of a pipeline
         clock = clock_for(timed, case.output_length)
@@ -321,8 +333,14 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
             value = getattr(run, case.metric)
             METRIC_CLOCK.advance(value if value is not None else 0.0)
 
+        meter = inferlab_models.energy_meter()
+        started = None if recorded is not None or isinstance(meter, energy.Unavailable) else meter.start()
         benchmark.pedantic(one_round, rounds=rounds, warmup_rounds=warmup, iterations=1)
         inferlab_models.recorded.setdefault(key, tuple(runs))
+        if key not in inferlab_models.costs:  # warm-up rounds included: they ran between the two reads
+            used = meter if started is None else meter.stop(started, len(runs) * case.batch_size * case.output_length)
+            usage = memory.measure_usage(loaded.model, loaded.device, case.batch_size, prompt.length + case.output_length)
+            inferlab_models.costs[key] = {"memory": usage.to_dict(), "energy": used.to_dict()}
         measured = runs[warmup:]
         summary = summarize(measured, case.batch_size)
         benchmark.extra_info.update(
@@ -335,6 +353,7 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
             output_tokens_per_s=summary["output_tokens_per_s"],
             decode_tokens_per_s=summary["decode_tokens_per_s"],
             injected_delay_ms=delay,
+            **inferlab_models.costs[key],
         )
         return measured
 

@@ -23,9 +23,10 @@ from typing import Protocol, Sequence
 
 import torch
 
+from inferlab.measure import energy
 from inferlab.measure import fingerprint as fingerprints
 from inferlab.suite import hypotheses
-from inferlab.look import plots
+from inferlab.look import html_report, plots
 from inferlab.look.tables import csv_text, markdown_text, title
 from inferlab.measure.bench import BenchConfig, BenchResult, check_fits, failed_result, run_benchmark
 from inferlab.model.devices import dtype_name
@@ -197,7 +198,8 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or (isinstance(error, RuntimeError) and "out of memory" in str(error))
 
 
-def measure(loaded: LoadedModel, config: BenchConfig, bandwidth, engine, progress: Progress) -> BenchResult:
+def measure(loaded: LoadedModel, config: BenchConfig, bandwidth, engine, progress: Progress,
+            energy_meter=None, profile_trace: Path | None = None) -> BenchResult:
     """One configuration; running out of memory gives a failed "oom" result instead of an error."""
     finished = 0
 
@@ -207,7 +209,8 @@ def measure(loaded: LoadedModel, config: BenchConfig, bandwidth, engine, progres
         progress.advance()
 
     try:
-        return run_benchmark(loaded, config, bandwidth, engine=engine, on_run=on_run)
+        return run_benchmark(loaded, config, bandwidth, engine=engine, on_run=on_run, energy_meter=energy_meter,
+                             profile_trace=profile_trace)
     except RuntimeError as error:
         if not is_out_of_memory(error):
             raise
@@ -245,8 +248,11 @@ def run_sweep(
     folder: Path,
     bandwidth: tuple[float | None, str] = (None, "unknown"),
     progress: Progress | None = None,
+    profile: bool = False,
 ) -> SweepReport:
     """Measure every configuration, saving each as it finishes, then the summary files.
+
+    With `profile`, each configuration also writes ``profiles/<stem>.trace.json`` (after its timed runs).
 
     On KeyboardInterrupt the summary files are written for the finished configurations and
     the interrupt is raised again.
@@ -259,6 +265,9 @@ def run_sweep(
     except FileExistsError:
         raise UsageError(f"{folder} holds an earlier sweep and is kept: give each sweep a new folder") from None
     engines = {name: make_engine(name, loaded.model) for name in config.engines}
+    meter = energy.open_meter(loaded.output_device)  # once: it measures the counter's update interval
+    if profile:
+        (folder / "profiles").mkdir()
     bench_configs = config.bench_configs()
     results: list[BenchResult] = []
     interrupt = None
@@ -266,7 +275,8 @@ def run_sweep(
     try:
         for bench_config in bench_configs:
             progress.begin(result_stem(bench_config))
-            result = measure(loaded, bench_config, bandwidth, engines[bench_config.engine], progress)
+            trace = folder / "profiles" / f"{result_stem(bench_config)}.trace.json" if profile else None
+            result = measure(loaded, bench_config, bandwidth, engines[bench_config.engine], progress, meter, trace)
             write_json_atomic(folder / "results" / f"{result_stem(bench_config)}.json", result.to_dict())
             results.append(result)
     except KeyboardInterrupt as error:
@@ -290,6 +300,7 @@ def write_outputs(report: SweepReport) -> SweepReport:
         write_text_atomic(folder / "sweep.md", markdown_text(report)),
     ]
     files += plots.write_plots(report.results, folder, title(report.fingerprint))
+    files.append(write_text_atomic(folder / "sweep.html", html_report.sweep_html(report, files)))
     return replace(report, files=tuple(files))
 
 

@@ -1,0 +1,141 @@
+"""A torch.profiler trace of a few decode steps, taken after the timed runs, never inside them.
+
+One more request runs, with the same prompt and settings as the measured ones. The profiler
+advances one step at every token mark of the clock (the clock is a hook of the decode loop), so
+its schedule picks whole decode steps: step 0 is the prefill, steps 1 and 2 are skipped and
+warmed up on, and the next `steps` decode steps are recorded. A request too short for that
+(fewer than `steps` + 4 tokens) is recorded whole, and "per step" then means per token.
+
+The trace is a Chrome/Perfetto JSON file (open it in ui.perfetto.dev or chrome://tracing).
+The summary ranks, per step, the GPU kernels by their time on the device, or on the CPU the
+operators by their own (self) CPU time.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from inferlab import storage
+
+STEPS = 3
+SKIPPED_STEPS = 2  # the prefill and the first decode step
+WARMUP_STEPS = 1
+KEPT_ROWS = 100
+
+
+@dataclass(frozen=True)
+class KernelTime:
+    """One kernel (or CPU operator): time and calls per recorded step."""
+
+    name: str
+    us_per_step: float
+    calls_per_step: float
+
+
+@dataclass(frozen=True)
+class ProfileSummary:
+    """What a profile recorded, ranked by time per step, and its trace file's name."""
+
+    device_type: str
+    unit: str  # "kernels" (device time) or "operators" (self CPU time)
+    steps: int
+    window: str
+    rows: tuple[KernelTime, ...]
+    trace: str
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "rows": [asdict(r) for r in self.rows]}
+
+
+def summary_from_dict(data: dict | None) -> ProfileSummary | None:
+    if not data:
+        return None
+    rows = tuple(KernelTime(**r) for r in data["rows"])
+    return ProfileSummary(data["device_type"], data["unit"], data["steps"], data["window"], rows, data["trace"])
+
+
+def window(output_length: int, steps: int = STEPS) -> tuple[int, int] | None:
+    """(first recorded step, steps recorded), or None when the request is too short: record it whole."""
+    first = SKIPPED_STEPS + WARMUP_STEPS
+    if output_length - 1 < first + steps:  # the last token's mark closes step N - 1
+        return None
+    return first, steps
+
+
+class StepMarkingClock:
+    """A TokenClock that also advances the profiler at every token mark."""
+
+    def __init__(self, clock, profiler) -> None:
+        self.clock, self.profiler = clock, profiler
+
+    def start(self) -> None:
+        self.clock.start()
+
+    def mark(self) -> None:
+        self.clock.mark()
+        self.profiler.step()
+
+    def finish(self):
+        return self.clock.finish()
+
+
+def _is_device_event(event) -> bool:
+    return str(getattr(event, "device_type", "")).upper().endswith("CUDA")
+
+
+def rank_events(events: Iterable, on_device: bool, steps: int, top: int = KEPT_ROWS) -> tuple[KernelTime, ...]:
+    """Kernels (device events, by self device time) or CPU operators (by self CPU time), per step, largest first."""
+    rows = []
+    for event in events:
+        if event.key.startswith("ProfilerStep"):
+            continue
+        if on_device:
+            if not _is_device_event(event):
+                continue
+            micros = event.self_device_time_total
+        else:
+            micros = event.self_cpu_time_total
+        if micros > 0:
+            rows.append(KernelTime(event.key, micros / steps, event.count / steps))
+    rows.sort(key=lambda r: (-r.us_per_step, r.name))
+    return tuple(rows[:top])
+
+
+def profile_request(engine, prompt, decode, generator, clock, device: torch.device, trace_path: Path,
+                    steps: int = STEPS) -> ProfileSummary:
+    """Run one request under torch.profiler; write its trace to `trace_path` (new file); return the ranking."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    trace_path = Path(trace_path)
+    on_device = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_device else [])
+    picked = window(decode.max_new_tokens, steps)
+    with tempfile.TemporaryDirectory(dir=trace_path.parent) as scratch:
+        raw = Path(scratch) / "trace.json"
+        if picked is None:
+            with profile(activities=activities) as profiler:
+                engine.run(prompt, decode, generator, clock)
+                clock.finish()
+            profiler.export_chrome_trace(str(raw))
+            recorded, where = decode.max_new_tokens, f"the whole request ({decode.max_new_tokens} tokens)"
+        else:
+            first, recorded = picked
+            plan = schedule(skip_first=SKIPPED_STEPS, wait=0, warmup=WARMUP_STEPS, active=recorded, repeat=1)
+            with profile(activities=activities, schedule=plan,
+                         on_trace_ready=lambda p: p.export_chrome_trace(str(raw))) as profiler:
+                marking = StepMarkingClock(clock, profiler)
+                engine.run(prompt, decode, generator, marking)
+                marking.finish()
+            where = f"decode steps {first}-{first + recorded - 1}"
+        storage.write_bytes_atomic(trace_path, raw.read_bytes())
+    events = profiler.key_averages()
+    rows = rank_events(events, on_device, recorded)
+    unit = "kernels" if on_device else "operators"
+    if on_device and not rows:  # no kernel events came back (CUPTI unavailable): rank the operators instead
+        rows, unit = rank_events(events, False, recorded), "operators"
+    return ProfileSummary(device.type, unit, recorded, where, rows, trace_path.name)

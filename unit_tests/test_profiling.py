@@ -1,0 +1,99 @@
+"""Profiles: the step window, the ranking of kernels/operators, a real trace on the CPU, the
+`--profile` flags, and the per-kernel diff the gate prints on FAIL."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from inferlab.cli import main
+from inferlab.errors import UsageError
+from inferlab.look import tables
+from inferlab.look.profile_diff import format_kernel_diff, kernel_diff, load_profile
+from inferlab.measure import profiling
+from inferlab.measure.bench import BenchConfig, result_from_dict, run_benchmark
+from inferlab.measure.profiling import KernelTime, ProfileSummary
+
+
+def event(key, count, device_type="DeviceType.CPU", self_cpu=0.0, self_device=0.0):
+    return SimpleNamespace(key=key, count=count, device_type=device_type, self_cpu_time_total=self_cpu,
+                           self_device_time_total=self_device)
+
+
+def test_window_skips_the_prefill_and_warm_up_steps_and_needs_room():
+    assert profiling.window(7, steps=3) == (3, 3)  # decode steps 3, 4, 5; the mark of token 6 closes step 5
+    assert profiling.window(6, steps=3) is None  # too short: recorded whole
+    assert profiling.window(100, steps=5) == (3, 5)
+
+
+def test_kernels_are_ranked_by_device_time_per_step():
+    events = [
+        event("ProfilerStep#3", 1, self_cpu=900.0),
+        event("aten::mm", 6, self_cpu=500.0, self_device=0.0),  # a CPU op: not a kernel
+        event("gemv_kernel", 6, "DeviceType.CUDA", self_device=300.0),
+        event("rmsnorm_kernel", 9, "DeviceType.CUDA", self_device=600.0),
+    ]
+    rows = profiling.rank_events(events, on_device=True, steps=3)
+    assert rows == (KernelTime("rmsnorm_kernel", 200.0, 3.0), KernelTime("gemv_kernel", 100.0, 2.0))
+
+
+def test_cpu_operators_are_ranked_by_self_cpu_time_per_step():
+    events = [event("ProfilerStep#3", 2, self_cpu=900.0), event("aten::mm", 4, self_cpu=80.0),
+              event("aten::add", 2, self_cpu=120.0), event("aten::view", 2, self_cpu=0.0)]
+    rows = profiling.rank_events(events, on_device=False, steps=2)
+    assert rows == (KernelTime("aten::add", 60.0, 1.0), KernelTime("aten::mm", 40.0, 2.0))
+
+
+def test_a_profiled_bench_writes_a_chrome_trace_after_the_timed_runs(tiny, tmp_path):
+    trace = tmp_path / "bench.trace.json"
+    config = BenchConfig(prompt_length=4, output_length=8, warmup_runs=0, runs=2)
+    result = run_benchmark(tiny, config, profile_trace=trace)
+    assert len(result.runs) == 2 and all(r.num_tokens == 8 for r in result.runs)  # timed runs untouched
+    summary = result.profile
+    assert (summary.device_type, summary.unit, summary.steps, summary.window) == ("cpu", "operators", 3, "decode steps 3-5")
+    assert summary.rows and all(r.name.startswith("aten::") for r in summary.rows)
+    assert [r.us_per_step for r in summary.rows] == sorted((r.us_per_step for r in summary.rows), reverse=True)
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e.get("name") == "aten::mm" for e in events)
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.trace.json"]  # no scratch left behind
+    assert result_from_dict(json.loads(json.dumps(result.to_dict()))).profile == summary
+    assert "profile: top CPU operators by self time per step" in tables.format_result(result)
+
+
+def test_a_short_request_is_profiled_whole(tiny, tmp_path):
+    config = BenchConfig(prompt_length=4, output_length=3, warmup_runs=0, runs=1)
+    summary = run_benchmark(tiny, config, profile_trace=tmp_path / "t.json").profile
+    assert (summary.steps, summary.window) == (3, "the whole request (3 tokens)")
+
+
+def test_bench_and_sweep_take_profile(tmp_path, capsys):
+    assert main(["bench", "tiny-random", "--device", "cpu", "--prompt-length", "4", "--output-length", "8",
+                 "--runs", "1", "--warmup", "0", "--no-probe", "--profile", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "profile: top CPU operators" in out and "trace bench.trace.json" in out
+    [folder] = tmp_path.glob("*-bench")
+    assert (folder / "bench.trace.json").is_file()
+    assert main(["sweep", "tiny-random", "--device", "cpu", "--prompt-lengths", "4", "--output-lengths", "2", "8",
+                 "--runs", "1", "--warmup", "0", "--no-probe", "--profile", "--out", str(tmp_path)]) == 0
+    [folder] = tmp_path.glob("*-sweep")
+    assert sorted(p.name for p in (folder / "profiles").iterdir()) == ["eager-b1-p4-n2.trace.json", "eager-b1-p4-n8.trace.json"]
+
+
+def summary(rows) -> ProfileSummary:
+    return ProfileSummary("cuda", "kernels", 3, "decode steps 3-5", tuple(KernelTime(n, us, 1.0) for n, us in rows), "t.json")
+
+
+def test_kernel_diff_ranks_growth_and_counts_a_missing_kernel_as_zero():
+    base = summary([("gemv", 100.0), ("norm", 20.0), ("attn", 50.0)])
+    head = summary([("gemv", 130.0), ("norm", 10.0), ("attn", 50.0), ("new_copy", 40.0)])
+    changes = kernel_diff(base, head)
+    assert [(c.name, c.delta_us) for c in changes] == [("new_copy", 40.0), ("gemv", 30.0)]  # norm shrank, attn same
+    text = format_kernel_diff(changes, base, head)
+    assert "base 170.0 us/step, head 230.0 us/step" in text and "+30.0  gemv" in text
+
+
+def test_load_profile_refuses_a_result_without_one(tmp_path):
+    path = tmp_path / "bench.json"
+    path.write_text(json.dumps({"schema": "inferlab.bench/1", "profile": None}))
+    with pytest.raises(UsageError, match="holds no profile: run `inferlab bench --profile`"):
+        load_profile(path)
