@@ -132,8 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--head-runs", nargs="+", type=Path, default=[], help="more repeats of the head run")
     gate.add_argument("--threshold", default="5%", help="slowdown that counts, e.g. 5%% or tpot_ms=3%%,default=5%%")
     gate.add_argument("--confidence", type=float, default=0.95, help="family-wise confidence (default 0.95)")
-    gate.add_argument("--run-noise", type=float, default=0.01,
-                      help="process-to-process spread of a run's median, as a fraction (default 0.01)")
+    gate.add_argument("--run-noise", default="0.01",
+                      help="process-to-process spread of a run's median, as a fraction (default 0.01), or "
+                           "'calibrated': the newest record inferlab ab saved for this machine")
+    gate.add_argument("--noise-store", type=Path, default=None, help="where run-noise records live (default .inferlab/run-noise)")
+    gate.add_argument("--tails", default="p99", help="tail percentiles judged on TPOT and ITL beside the median (default p99; none)")
+    gate.add_argument("--budget", action="append", default=[], metavar="[PATTERN:]KEY=VALUE",
+                      help="absolute budget on the head runs, e.g. tpot_ms=1.0, ttft_ms_p99=30, fast-*:tpot_floor_x=1.5 (repeatable)")
+    gate.add_argument("--reference", nargs="+", type=Path, default=[], help="pinned reference run(s) for --drift-budget")
+    gate.add_argument("--drift-budget", default=None, help="largest cumulative slowdown of head against --reference, e.g. 5%%")
     gate.add_argument("--json", type=Path, default=None, help="also write the verdicts to this new JSON file")
     return parser
 
@@ -314,6 +321,10 @@ def cmd_timing_demo(args) -> int:
 
 def cmd_gate(args) -> int:
     from inferlab.suite import gate
+    from inferlab.suite.gate.budgets import parse_budget_option
+    from inferlab.suite.gate.judge import judge
+    from inferlab.suite.gate.judge_report import format_judgement, write_judgement_json
+    from inferlab.suite.gate.quantiles import parse_tails
 
     base = ([args.base] if args.base else []) + list(args.base_runs)
     head = ([args.head] if args.head else []) + list(args.head_runs)
@@ -324,16 +335,44 @@ def cmd_gate(args) -> int:
     gate.check_comparable(base_runs, head_runs)
     if not 0.5 <= args.confidence < 1:
         raise UsageError(f"--confidence must be in [0.5, 1), got {args.confidence}")
-    if args.run_noise < 0:
-        raise UsageError(f"--run-noise must be >= 0, got {args.run_noise}")
-    report = gate.compare(
-        base_runs, head_runs, thresholds=gate.parse_thresholds(args.threshold),
-        confidence=args.confidence, run_noise=args.run_noise,
+    run_noise = _run_noise(args.run_noise, args.noise_store, head_runs[0])
+    judgement = judge(
+        base_runs, head_runs, thresholds=gate.parse_thresholds(args.threshold), confidence=args.confidence,
+        run_noise=run_noise, tails=parse_tails(args.tails), budgets=[parse_budget_option(b) for b in args.budget],
+        reference_runs=[gate.load_run(p) for p in args.reference], drift_budget=_drift_budget(args.drift_budget),
     )
-    print(gate.format_table(report))
+    print(format_judgement(judgement))
     if args.json is not None:
-        gate.write_report_json(report, args.json)
-    return report.exit_code
+        write_judgement_json(judgement, args.json)
+    return judgement.exit_code
+
+
+def _run_noise(text: str, store: Path | None, head_run):
+    """--run-noise: a fraction >= 0, or 'calibrated' (per benchmark, from the store's newest record for this machine)."""
+    from inferlab.suite.gate.calibration import DEFAULT_STORE, latest_run_noise
+
+    if text == "calibrated":
+        noise, path = latest_run_noise(store or DEFAULT_STORE, head_run)
+        print(f"run noise: calibrated, from {path}")
+        return noise
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"--run-noise must be a fraction such as 0.01 or 'calibrated', got {text!r}") from None
+    if not value >= 0:
+        raise UsageError(f"--run-noise must be >= 0, got {text}")
+    return value
+
+
+def _drift_budget(text: str | None) -> float | None:
+    from inferlab.suite.gate.thresholds import parse_thresholds
+
+    if text is None:
+        return None
+    parsed = parse_thresholds(text)
+    if set(parsed) != {"default"}:
+        raise UsageError(f"--drift-budget {text!r}: give one percentage, e.g. 5%")
+    return parsed["default"]
 
 
 COMMANDS = {
