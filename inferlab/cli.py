@@ -142,6 +142,14 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--reference", nargs="+", type=Path, default=[], help="pinned reference run(s) for --drift-budget")
     gate.add_argument("--drift-budget", default=None, help="largest cumulative slowdown of head against --reference, e.g. 5%%")
     gate.add_argument("--json", type=Path, default=None, help="also write the verdicts to this new JSON file")
+
+    history = commands.add_parser("history", help="trend, change points and drift budget over saved runs, per machine")
+    history.add_argument("paths", nargs="+", type=Path, help="a .benchmarks folder, or saved run files")
+    history.add_argument("--order", choices=("time", "commit"), default="time", help="run time (default) or commit time")
+    history.add_argument("--reference", type=Path, default=None, help="pinned reference run (default: each trail's first)")
+    history.add_argument("--drift-budget", default="5%", help="largest cumulative slowdown against the reference (default 5%%)")
+    history.add_argument("--window", type=_positive_int, default=3, help="latest runs averaged for the drift (default 3)")
+    history.add_argument("--out", type=Path, default=None, help="write plots and history.json to a new folder here")
     return parser
 
 
@@ -369,10 +377,37 @@ def _drift_budget(text: str | None) -> float | None:
 
     if text is None:
         return None
-    parsed = parse_thresholds(text)
+    try:
+        parsed = parse_thresholds(text)
+    except UsageError:
+        parsed = {}
     if set(parsed) != {"default"}:
         raise UsageError(f"--drift-budget {text!r}: give one percentage, e.g. 5%")
     return parsed["default"]
+
+
+def cmd_history(args) -> int:
+    from inferlab.look.history_report import format_history, history_dict, plot_name, plot_trail
+    from inferlab.storage import new_run_folder, write_json_atomic
+    from inferlab.suite import history
+
+    runs, skipped = history.load_runs(history.run_files(args.paths))
+    if args.reference is not None and not args.reference.is_file():
+        raise UsageError(f"--reference {args.reference}: no such file: pass one of the saved runs")
+    budget = _drift_budget(args.drift_budget)
+    reports = [history.analyse(trail, budget, args.reference, args.window) for trail in history.trails(runs, args.order)]
+    if args.reference is not None and not any(r.drift for r in reports):
+        raise UsageError(f"--reference {args.reference} is not among the runs read: pass it with the others")
+    print(format_history(reports))
+    if skipped:
+        print(f"skipped {len(skipped)} file(s) that are not saved runs (e.g. {skipped[0]})")
+    if args.out is not None:
+        folder = new_run_folder(args.out, "history")
+        for index, report in enumerate(reports):
+            plot_trail(report, folder / plot_name(report, index))
+        write_json_atomic(folder / "history.json", history_dict(reports))
+        print(f"saved {folder}")
+    return 1 if any(r.drift and r.drift.over_budget for r in reports) else 0
 
 
 COMMANDS = {
@@ -384,6 +419,7 @@ COMMANDS = {
     "sweep": cmd_sweep,
     "timing-demo": cmd_timing_demo,
     "gate": cmd_gate,
+    "history": cmd_history,
 }
 
 
