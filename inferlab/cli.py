@@ -143,6 +143,23 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--drift-budget", default=None, help="largest cumulative slowdown of head against --reference, e.g. 5%%")
     gate.add_argument("--json", type=Path, default=None, help="also write the verdicts to this new JSON file")
 
+    ab = commands.add_parser("ab", help="interleaved A/B of two git revisions (or two commands) until the gate decides")
+    ab.add_argument("base", nargs="?", help="base git revision (branch, tag or commit)")
+    ab.add_argument("head", nargs="?", help="head git revision")
+    ab.add_argument("--repo", type=Path, default=Path("."), help="the git repository of the revisions (default .)")
+    ab.add_argument("--suite", default=None,
+                    help="command run in each side's worktree; {out} is the run's JSON path, else --benchmark-json={out} "
+                         "--benchmark-save-data is appended (default: the CPU perf tests, 32 new tokens, 10 rounds)")
+    ab.add_argument("--base-cmd", default=None, help="instead of revisions: the base side's command, writing a run to {out}")
+    ab.add_argument("--head-cmd", default=None, help="the head side's command")
+    ab.add_argument("--threshold", default="5%", help="slowdown that counts, e.g. 5%% or tpot_ms=3%%,default=5%%")
+    ab.add_argument("--confidence", type=float, default=0.95, help="family-wise, over benchmarks and looks (default 0.95)")
+    ab.add_argument("--min-pairs", type=_positive_int, default=3, help="pairs before the first look (default 3)")
+    ab.add_argument("--max-pairs", type=_positive_int, default=20, help="stop after this many pairs (default 20)")
+    ab.add_argument("--max-minutes", type=float, default=15.0, help="start no pair that would end later (default 15)")
+    ab.add_argument("--out", type=Path, default=Path("results"), help="runs and ab.json go to a new folder here")
+    ab.add_argument("--noise-store", type=Path, default=None, help="where the measured run noise is saved (default .inferlab/run-noise)")
+
     history = commands.add_parser("history", help="trend, change points and drift budget over saved runs, per machine")
     history.add_argument("paths", nargs="+", type=Path, help="a .benchmarks folder, or saved run files")
     history.add_argument("--order", choices=("time", "commit"), default="time", help="run time (default) or commit time")
@@ -386,6 +403,53 @@ def _drift_budget(text: str | None) -> float | None:
     return parsed["default"]
 
 
+def cmd_ab(args) -> int:
+    from inferlab.look.ab_report import format_look_line, format_outcome
+    from inferlab.storage import new_run_folder, write_json_atomic
+    from inferlab.suite import ab
+    from inferlab.suite.gate.calibration import DEFAULT_STORE, save_run_noise
+    from inferlab.suite.gate.load import load_run
+    from inferlab.suite.gate.thresholds import parse_thresholds
+
+    commands = bool(args.base_cmd or args.head_cmd)
+    if commands and (args.base or args.head or not (args.base_cmd and args.head_cmd)):
+        raise UsageError("ab takes two revisions (inferlab ab BASE HEAD) or both --base-cmd and --head-cmd, not a mix")
+    if not commands and not (args.base and args.head):
+        raise UsageError("ab needs two revisions: inferlab ab origin/main HEAD (or --base-cmd and --head-cmd)")
+    plan = ab.Plan(parse_thresholds(args.threshold), args.confidence, args.min_pairs, args.max_pairs, args.max_minutes)
+    if commands:
+        sides = {"base": args.base_cmd, "head": args.head_cmd}
+        revisions = None
+    else:
+        revisions = {side: ab.resolve_revision(args.repo, rev) for side, rev in (("base", args.base), ("head", args.head))}
+        sides = {side: f"{rev} ({revisions[side][:12]})" for side, rev in (("base", args.base), ("head", args.head))}
+    folder = new_run_folder(args.out, "ab")
+    print(f"ab: runs go to {folder}")
+    trees = {}
+    try:
+        if revisions is not None:
+            trees = ab.add_worktrees(args.repo, revisions, folder)
+            suite = args.suite or ab.DEFAULT_SUITE
+            runner = ab.command_runner({side: suite for side in ab.SIDES}, trees, ab.worktree_env(trees))
+        else:
+            runner = ab.command_runner(sides)
+        outcome = ab.run_ab(runner, plan, folder, on_look=lambda o: print(format_look_line(o), flush=True))
+    finally:
+        if trees:
+            ab.remove_worktrees(args.repo, trees)
+    print(format_outcome(outcome, plan))
+    write_json_atomic(folder / "ab.json", ab.outcome_dict(outcome, plan, sides))
+    noise = ab.measured_noise(outcome)
+    if noise:
+        record = save_run_noise(args.noise_store or DEFAULT_STORE, load_run(outcome.base_paths[0]), noise,
+                                {"source": "inferlab ab", "pairs": outcome.pairs, "ab": str(folder / "ab.json")})
+        print(f"run noise saved to {record} (inferlab gate --run-noise calibrated uses it on this machine)")
+    if outcome.stopped_by == "interrupted":
+        print("inferlab: interrupted; finished runs are kept", file=sys.stderr)
+        return 130
+    return outcome.last.exit_code if outcome.last else 3
+
+
 def cmd_history(args) -> int:
     from inferlab.look.history_report import format_history, history_dict, plot_name, plot_trail
     from inferlab.storage import new_run_folder, write_json_atomic
@@ -420,6 +484,7 @@ COMMANDS = {
     "timing-demo": cmd_timing_demo,
     "gate": cmd_gate,
     "history": cmd_history,
+    "ab": cmd_ab,
 }
 
 
