@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--repo", type=Path, default=Path("."), help="the git repository of the revisions (default .)")
     ab.add_argument("--suite", default=None,
                     help="command run in each side's worktree; {out} is the run's JSON path, else --benchmark-json={out} "
-                         "--benchmark-save-data is appended (default: the CPU perf tests, 32 new tokens, 10 rounds)")
+                         "--benchmark-save-data is appended (default: the CPU perf tests, not the slow ones)")
     ab.add_argument("--base-cmd", default=None, help="instead of revisions: the base side's command, writing a run to {out}")
     ab.add_argument("--head-cmd", default=None, help="the head side's command")
     ab.add_argument("--threshold", default="5%", help="slowdown that counts, e.g. 5%% or tpot_ms=3%%,default=5%%")
@@ -430,9 +430,9 @@ def cmd_ab(args) -> int:
         if revisions is not None:
             trees = ab.add_worktrees(args.repo, revisions, folder)
             suite = args.suite or ab.DEFAULT_SUITE
-            runner = ab.command_runner({side: suite for side in ab.SIDES}, trees, ab.worktree_env(trees))
+            runner = ab.command_runner({side: suite for side in ab.SIDES}, trees, ab.worktree_env(trees), logs=folder)
         else:
-            runner = ab.command_runner(sides)
+            runner = ab.command_runner(sides, logs=folder)
         outcome = ab.run_ab(runner, plan, folder, on_look=lambda o: print(format_look_line(o), flush=True))
     finally:
         if trees:

@@ -190,7 +190,7 @@ def test_cli_revisions_run_each_side_from_its_own_worktree(tmp_path, capsys):
     trees = subprocess.run(["git", "-C", str(repo), "worktree", "list"], capture_output=True, text=True).stdout
     assert len(trees.splitlines()) == 1  # the side worktrees are gone, the runs stay
     folder, = (tmp_path / "out").iterdir()
-    assert len(list(folder.glob("head-*.json"))) == 3
+    assert len(list(folder.glob("head-*.json"))) == 3 and len(list(folder.glob("head-*.log"))) == 3
 
 
 @pytest.mark.parametrize("argv, fragment", [
@@ -198,6 +198,7 @@ def test_cli_revisions_run_each_side_from_its_own_worktree(tmp_path, capsys):
     (["ab", "HEAD", "--base-cmd", "x", "--head-cmd", "y"], "not a mix"),
     (["ab", "no-such-rev", "HEAD"], "is not a commit"),
     (["ab", "--base-cmd", "x", "--head-cmd", "y", "--min-pairs", "1"], "at least 2"),
+    (["ab", "--base-cmd", "exit 4", "--head-cmd", "exit 4"], "the base suite command failed (exit 4)"),
 ])
 def test_cli_errors_are_one_line(tmp_path, capsys, argv, fragment):
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2

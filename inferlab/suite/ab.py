@@ -17,6 +17,7 @@ Every finished run is kept: a run is written under a temporary name and publishe
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import subprocess
@@ -37,8 +38,7 @@ Runner = Callable[[str, Path], None]
 SIDES = ("base", "head")
 
 
-DEFAULT_SUITE = (f"{shlex.quote(sys.executable)} -m pytest perf_tests -m 'perf and not gpu' -p no:cacheprovider -q "
-                 "--inferlab-output-lengths 32 --inferlab-rounds 10")
+DEFAULT_SUITE = f"{shlex.quote(sys.executable)} -m pytest perf_tests -m 'perf and not gpu and not slow' -p no:cacheprovider -q"
 
 
 @dataclass(frozen=True)
@@ -144,22 +144,30 @@ def run_ab(runner: Runner, plan: Plan, folder: Path, clock: Callable[[], float] 
 
 
 def command_runner(commands: Mapping[str, str], folders: Mapping[str, Path] | None = None,
-                   env: Mapping[str, Mapping[str, str]] | None = None) -> Runner:
+                   env: Mapping[str, Mapping[str, str]] | None = None, logs: Path | None = None) -> Runner:
     """A runner that runs `commands[side]` in a shell, with {out} replaced by the run's path.
 
-    A command without {out} gets ``--benchmark-json={out} --benchmark-save-data`` appended (a pytest command)."""
+    A command without {out} gets ``--benchmark-json={out} --benchmark-save-data`` appended (a pytest
+    command). With `logs`, each run's output goes to ``logs/<side>-NNN.log`` instead of the terminal."""
+    counts = {side: 0 for side in SIDES}
+
     def run(side: str, path: Path) -> None:
         command = commands[side]
         if "{out}" not in command:
             command += " --benchmark-json={out} --benchmark-save-data"
         command = command.replace("{out}", shlex.quote(str(Path(path).resolve())))
         environment = {**os.environ, **(env or {}).get(side, {})}
-        cwd = (folders or {}).get(side)
-        done = subprocess.run(command, shell=True, cwd=cwd, env=environment)
+        counts[side] += 1
+        log = Path(logs) / f"{side}-{counts[side]:03d}.log" if logs is not None else None
+        with open(log, "xb") if log is not None else contextlib.nullcontext() as output:
+            done = subprocess.run(command, shell=True, cwd=(folders or {}).get(side), env=environment,
+                                  stdout=output, stderr=subprocess.STDOUT if output else None)
         if done.returncode != 0 and not Path(path).is_file():
-            raise UsageError(f"the {side} suite command failed (exit {done.returncode}): {command}")
+            where = f"; its output is in {log}" if log is not None else ""
+            raise UsageError(f"the {side} suite command failed (exit {done.returncode}): {command}{where}")
 
     return run
+
 
 
 def resolve_revision(repo: Path, revision: str) -> str:
