@@ -253,13 +253,19 @@ def test_tiny(decode_benchmark, metric):
 """
 
 
-def test_the_plugin_saves_floor_gaps_and_budgets_and_the_gate_judges_them(pytester):
+def test_the_plugin_saves_floor_gaps_and_budgets_and_the_gate_judges_them(pytester, monkeypatch):
+    """In a subprocess: an in-process run would leave torch and numpy modules half-imported for later tests."""
+    import os
+    import pathlib
+
     from test_gate import PLUGIN_CONFTEST
 
+    root = pathlib.Path(__file__).resolve().parents[1]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]))
     pytester.makeconftest(PLUGIN_CONFTEST)
     pytester.makepyfile(test_tiny=PLUGIN_TEST)
     pytester.makefile(".toml", pyproject='[tool.inferlab.budgets]\n"eager-*" = { ttft_ms = 10000 }\n')
-    result = pytester.runpytest("-p", "no:cacheprovider", "--inferlab-device", "cpu", "--benchmark-json=run.json",
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--inferlab-device", "cpu", "--benchmark-json=run.json",
                                 "--benchmark-save-data")
     result.assert_outcomes(passed=2)
     saved = {e["extra_info"]["metric"]: e["extra_info"] for e in json.loads((pytester.path / "run.json").read_text())["benchmarks"]}

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import ruptures
 
 from inferlab.errors import UsageError
 from inferlab.suite.gate.extras import Extras, read_extras
@@ -163,8 +164,6 @@ def robust_sigma(log_medians: Sequence[float]) -> float:
 
 def change_indices(log_medians: Sequence[float], penalty_factor: float = PENALTY_FACTOR) -> list[int]:
     """Indices where a new segment starts (PELT, least-squares cost; see the module docstring)."""
-    import ruptures
-
     signal = np.asarray(log_medians, dtype=float).reshape(-1, 1)
     if len(signal) < 2 * MIN_SEGMENT:
         return []

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
+from scipy.stats import t as student_t
 
 from inferlab.suite.gate.load import Run, check_comparable
 from inferlab.suite.gate.stats import log_median
@@ -81,9 +82,7 @@ def look_level(confidence: float, k: int, planned_looks: int) -> float:
 
 
 def _t(p: float, df: int) -> float:
-    from scipy.stats import t
-
-    return float(t.ppf(p, df))
+    return float(student_t.ppf(p, df))
 
 
 def pair_differences(base: Sequence[Sequence[float]], head: Sequence[Sequence[float]]) -> np.ndarray:
