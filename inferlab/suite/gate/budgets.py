@@ -110,11 +110,19 @@ def budgets_from_table(table: object, source: str) -> list[Budget]:
 
 def read_pyproject_budgets(path: Path) -> list[Budget]:
     """The budgets of [tool.inferlab.budgets] in a pyproject.toml ([] when there is none)."""
-    import tomllib
-
     try:
-        data = tomllib.loads(Path(path).read_text())
-    except (OSError, tomllib.TOMLDecodeError) as error:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise ValueError(f"cannot read budgets from {path}: {error.strerror}") from None
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: only a file that sets budgets needs the parser
+        if "tool.inferlab.budgets" in text:
+            raise ValueError(f"{path} sets [tool.inferlab.budgets], which needs Python 3.11+ (tomllib) to read") from None
+        return []
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
         raise ValueError(f"cannot read budgets from {path}: {error}") from None
     table = data.get("tool", {}).get("inferlab", {}).get("budgets")
     return [] if table is None else budgets_from_table(table, str(path))
