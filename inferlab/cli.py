@@ -136,13 +136,45 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--head-runs", nargs="+", type=Path, default=[], help="more repeats of the head run")
     gate.add_argument("--threshold", default="5%", help="slowdown that counts, e.g. 5%% or tpot_ms=3%%,default=5%%")
     gate.add_argument("--confidence", type=float, default=0.95, help="family-wise confidence (default 0.95)")
-    gate.add_argument("--run-noise", type=float, default=0.01,
-                      help="process-to-process spread of a run's median, as a fraction (default 0.01)")
+    gate.add_argument("--run-noise", default="0.01",
+                      help="process-to-process spread of a run's median, as a fraction (default 0.01), or "
+                           "'calibrated': the newest record inferlab ab saved for this machine")
+    gate.add_argument("--noise-store", type=Path, default=None, help="where run-noise records live (default .inferlab/run-noise)")
+    gate.add_argument("--tails", default="p99", help="tail percentiles judged on TPOT and ITL beside the median (default p99; none)")
+    gate.add_argument("--budget", action="append", default=[], metavar="[PATTERN:]KEY=VALUE",
+                      help="absolute budget on the head runs, e.g. tpot_ms=1.0, ttft_ms_p99=30, fast-*:tpot_floor_x=1.5 (repeatable)")
+    gate.add_argument("--reference", nargs="+", type=Path, default=[], help="pinned reference run(s) for --drift-budget")
+    gate.add_argument("--drift-budget", default=None, help="largest cumulative slowdown of head against --reference, e.g. 5%%")
     gate.add_argument("--json", type=Path, default=None,
                       help="also write the verdicts to this new JSON file, and the HTML report beside it (.html)")
     gate.add_argument("--profiles", nargs=2, type=Path, default=None, metavar=("BASE.json", "HEAD.json"),
                       help="bench.json files written by `inferlab bench --profile` for base and head: on FAIL, "
                            "print the kernels whose time per step grew most")
+
+    ab = commands.add_parser("ab", help="interleaved A/B of two git revisions (or two commands) until the gate decides")
+    ab.add_argument("base", nargs="?", help="base git revision (branch, tag or commit)")
+    ab.add_argument("head", nargs="?", help="head git revision")
+    ab.add_argument("--repo", type=Path, default=Path("."), help="the git repository of the revisions (default .)")
+    ab.add_argument("--suite", default=None,
+                    help="command run in each side's worktree; {out} is the run's JSON path, else --benchmark-json={out} "
+                         "--benchmark-save-data is appended (default: the CPU perf tests, not the slow ones)")
+    ab.add_argument("--base-cmd", default=None, help="instead of revisions: the base side's command, writing a run to {out}")
+    ab.add_argument("--head-cmd", default=None, help="the head side's command")
+    ab.add_argument("--threshold", default="5%", help="slowdown that counts, e.g. 5%% or tpot_ms=3%%,default=5%%")
+    ab.add_argument("--confidence", type=float, default=0.95, help="family-wise, over benchmarks and looks (default 0.95)")
+    ab.add_argument("--min-pairs", type=_positive_int, default=3, help="pairs before the first look (default 3)")
+    ab.add_argument("--max-pairs", type=_positive_int, default=20, help="stop after this many pairs (default 20)")
+    ab.add_argument("--max-minutes", type=float, default=15.0, help="start no pair that would end later (default 15)")
+    ab.add_argument("--out", type=Path, default=Path("results"), help="runs and ab.json go to a new folder here")
+    ab.add_argument("--noise-store", type=Path, default=None, help="where the measured run noise is saved (default .inferlab/run-noise)")
+
+    history = commands.add_parser("history", help="trend, change points and drift budget over saved runs, per machine")
+    history.add_argument("paths", nargs="+", type=Path, help="a .benchmarks folder, or saved run files")
+    history.add_argument("--order", choices=("time", "commit"), default="time", help="run time (default) or commit time")
+    history.add_argument("--reference", type=Path, default=None, help="pinned reference run (default: each trail's first)")
+    history.add_argument("--drift-budget", default="5%", help="largest cumulative slowdown against the reference (default 5%%)")
+    history.add_argument("--window", type=_positive_int, default=3, help="latest runs averaged for the drift (default 3)")
+    history.add_argument("--out", type=Path, default=None, help="write plots and history.json to a new folder here")
     return parser
 
 
@@ -325,6 +357,10 @@ def cmd_gate(args) -> int:
     from inferlab.look import html_report, profile_diff
     from inferlab.storage import write_text_atomic
     from inferlab.suite import gate
+    from inferlab.suite.gate.budgets import parse_budget_option
+    from inferlab.suite.gate.judge import judge
+    from inferlab.suite.gate.judge_report import format_judgement, write_judgement_json
+    from inferlab.suite.gate.quantiles import parse_tails
 
     base = ([args.base] if args.base else []) + list(args.base_runs)
     head = ([args.head] if args.head else []) + list(args.head_runs)
@@ -335,19 +371,123 @@ def cmd_gate(args) -> int:
     gate.check_comparable(base_runs, head_runs)
     profiles = [profile_diff.load_profile(p) for p in args.profiles] if args.profiles else None
     page = _html_beside(args.json)
-    report = gate.compare(
-        base_runs, head_runs, thresholds=gate.parse_thresholds(args.threshold),
-        confidence=args.confidence, run_noise=args.run_noise,
+    run_noise = _run_noise(args.run_noise, args.noise_store, head_runs[0])
+    judgement = judge(
+        base_runs, head_runs, thresholds=gate.parse_thresholds(args.threshold), confidence=args.confidence,
+        run_noise=run_noise, tails=parse_tails(args.tails), budgets=[parse_budget_option(b) for b in args.budget],
+        reference_runs=[gate.load_run(p) for p in args.reference], drift_budget=_drift_budget(args.drift_budget),
     )
-    print(gate.format_table(report))
+    print(format_judgement(judgement))
     changes = None
-    if profiles and report.verdict == gate.FAIL:
+    if profiles and judgement.verdict == gate.FAIL:
         changes = profile_diff.kernel_diff(*profiles)
         print(profile_diff.format_kernel_diff(changes, *profiles))
     if args.json is not None:
-        gate.write_report_json(report, args.json)
-        write_text_atomic(page, html_report.gate_html(report, base_runs[0].machine, changes))
-    return report.exit_code
+        write_judgement_json(judgement, args.json)
+        write_text_atomic(page, html_report.gate_html(judgement, base_runs[0].machine, changes))
+    return judgement.exit_code
+
+
+def _run_noise(text: str, store: Path | None, head_run):
+    """--run-noise: a fraction >= 0, or 'calibrated' (per benchmark, from the store's newest record for this machine)."""
+    from inferlab.suite.gate.calibration import DEFAULT_STORE, latest_run_noise
+
+    if text == "calibrated":
+        noise, path = latest_run_noise(store or DEFAULT_STORE, head_run)
+        print(f"run noise: calibrated, from {path}")
+        return noise
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"--run-noise must be a fraction such as 0.01 or 'calibrated', got {text!r}") from None
+    if not value >= 0:
+        raise UsageError(f"--run-noise must be >= 0, got {text}")
+    return value
+
+
+def _drift_budget(text: str | None) -> float | None:
+    from inferlab.suite.gate.thresholds import parse_thresholds
+
+    if text is None:
+        return None
+    try:
+        parsed = parse_thresholds(text)
+    except UsageError:
+        parsed = {}
+    if set(parsed) != {"default"}:
+        raise UsageError(f"--drift-budget {text!r}: give one percentage, e.g. 5%")
+    return parsed["default"]
+
+
+def cmd_ab(args) -> int:
+    from inferlab.look.ab_report import format_look_line, format_outcome
+    from inferlab.storage import new_run_folder, write_json_atomic
+    from inferlab.suite import ab
+    from inferlab.suite.gate.calibration import DEFAULT_STORE, save_run_noise
+    from inferlab.suite.gate.load import load_run
+    from inferlab.suite.gate.thresholds import parse_thresholds
+
+    commands = bool(args.base_cmd or args.head_cmd)
+    if commands and (args.base or args.head or not (args.base_cmd and args.head_cmd)):
+        raise UsageError("ab takes two revisions (inferlab ab BASE HEAD) or both --base-cmd and --head-cmd, not a mix")
+    if not commands and not (args.base and args.head):
+        raise UsageError("ab needs two revisions: inferlab ab origin/main HEAD (or --base-cmd and --head-cmd)")
+    plan = ab.Plan(parse_thresholds(args.threshold), args.confidence, args.min_pairs, args.max_pairs, args.max_minutes)
+    if commands:
+        sides = {"base": args.base_cmd, "head": args.head_cmd}
+        revisions = None
+    else:
+        revisions = {side: ab.resolve_revision(args.repo, rev) for side, rev in (("base", args.base), ("head", args.head))}
+        sides = {side: f"{rev} ({revisions[side][:12]})" for side, rev in (("base", args.base), ("head", args.head))}
+    folder = new_run_folder(args.out, "ab")
+    print(f"ab: runs go to {folder}")
+    trees = {}
+    try:
+        if revisions is not None:
+            trees = ab.add_worktrees(args.repo, revisions, folder)
+            suite = args.suite or ab.DEFAULT_SUITE
+            runner = ab.command_runner({side: suite for side in ab.SIDES}, trees, ab.worktree_env(trees), logs=folder)
+        else:
+            runner = ab.command_runner(sides, logs=folder)
+        outcome = ab.run_ab(runner, plan, folder, on_look=lambda o: print(format_look_line(o), flush=True))
+    finally:
+        if trees:
+            ab.remove_worktrees(args.repo, trees)
+    print(format_outcome(outcome, plan))
+    write_json_atomic(folder / "ab.json", ab.outcome_dict(outcome, plan, sides))
+    noise = ab.measured_noise(outcome)
+    if noise:
+        record = save_run_noise(args.noise_store or DEFAULT_STORE, load_run(outcome.base_paths[0]), noise,
+                                {"source": "inferlab ab", "pairs": outcome.pairs, "ab": str(folder / "ab.json")})
+        print(f"run noise saved to {record} (inferlab gate --run-noise calibrated uses it on this machine)")
+    if outcome.stopped_by == "interrupted":
+        print("inferlab: interrupted; finished runs are kept", file=sys.stderr)
+        return 130
+    return outcome.last.exit_code if outcome.last else 3
+
+
+def cmd_history(args) -> int:
+    from inferlab.look.history_report import format_history, history_dict, plot_name, plot_trail
+    from inferlab.storage import new_run_folder, write_json_atomic
+    from inferlab.suite import history
+
+    runs, skipped = history.load_runs(history.run_files(args.paths))
+    if args.reference is not None and not args.reference.is_file():
+        raise UsageError(f"--reference {args.reference}: no such file: pass one of the saved runs")
+    budget = _drift_budget(args.drift_budget)
+    reports = [history.analyse(trail, budget, args.reference, args.window) for trail in history.trails(runs, args.order)]
+    if args.reference is not None and not any(r.drift for r in reports):
+        raise UsageError(f"--reference {args.reference} is not among the runs read: pass it with the others")
+    print(format_history(reports))
+    if skipped:
+        print(f"skipped {len(skipped)} file(s) that are not saved runs (e.g. {skipped[0]})")
+    if args.out is not None:
+        folder = new_run_folder(args.out, "history")
+        for index, report in enumerate(reports):
+            plot_trail(report, folder / plot_name(report, index))
+        write_json_atomic(folder / "history.json", history_dict(reports))
+        print(f"saved {folder}")
+    return 1 if any(r.drift and r.drift.over_budget for r in reports) else 0
 
 
 def _html_beside(json_path: Path | None) -> Path | None:
@@ -369,6 +509,8 @@ COMMANDS = {
     "sweep": cmd_sweep,
     "timing-demo": cmd_timing_demo,
     "gate": cmd_gate,
+    "history": cmd_history,
+    "ab": cmd_ab,
 }
 
 

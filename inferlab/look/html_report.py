@@ -15,14 +15,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 from inferlab.look import tables
+from inferlab.suite.gate.verdict import FAIL, INCONCLUSIVE, PASS
 
 if TYPE_CHECKING:
     from inferlab.look.profile_diff import KernelChange
+    from inferlab.suite.gate.judge import Judgement
     from inferlab.suite.gate.verdict import Report
     from inferlab.suite.sweep import SweepReport
 
 SWEEP_SECTIONS = ("card", "versions", "latency", "memory-energy", "hypotheses", "plots")
-GATE_SECTIONS = ("card", "versions", "verdicts")
+GATE_SECTIONS = ("card", "versions", "verdicts", "tails-budgets")
 VERSION_KEYS = ("device_name", "device_count", "driver", "cuda", "torch", "transformers", "python", "platform")
 
 STYLE = """
@@ -167,10 +169,11 @@ def sweep_html(report: SweepReport, files: Sequence[Path] = ()) -> str:
 # ----------------------------------------------------------------------------- gate
 
 
-def _gate_card(report: Report) -> str:
-    counts = report.counts
+def _gate_card(judgement: Judgement) -> str:
+    report = judgement.medians
+    counts = {v: judgement.verdicts.count(v) for v in (FAIL, INCONCLUSIVE, PASS)}
     pairs = [
-        ("verdict", report.verdict), ("counts", ", ".join(f"{counts[k]} {k}" for k in counts)),
+        ("verdict", judgement.verdict), ("counts", ", ".join(f"{counts[k]} {k}" for k in counts)),
         ("benchmarks (k)", report.k), ("family-wise confidence", report.confidence),
         ("per-benchmark interval level", report.level), ("run noise", report.run_noise),
         ("bootstrap replicates", report.replicates),
@@ -178,7 +181,7 @@ def _gate_card(report: Report) -> str:
         ("base runs", ", ".join(Path(p).name for p in report.base_paths)),
         ("head runs", ", ".join(Path(p).name for p in report.head_paths)),
     ]
-    verdict = f'<p>gate: <span class="{escape(report.verdict)}">{escape(report.verdict)}</span></p>'
+    verdict = f'<p>gate: <span class="{escape(judgement.verdict)}">{escape(judgement.verdict)}</span></p>'
     return section("card", "Card", f'<div class="card">{verdict}{_key_values(pairs)}</div>')
 
 
@@ -204,9 +207,42 @@ def _diff_section(changes: Sequence[KernelChange]) -> str:
     return section("profile-diff", "Kernels whose time per step grew most", table)
 
 
-def gate_html(report: Report, machine: Mapping | None = None, changes: Sequence[KernelChange] | None = None) -> str:
+def _verdict_cell(verdict: str) -> str:
+    return f'<td class="{escape(verdict)}">{escape(verdict)}</td>'
+
+
+def _rows_table(headers: Sequence[str], rows: Iterable[tuple[Sequence[str], str]]) -> str:
+    """A table whose last column is a verdict, coloured by its class."""
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in cells) + _verdict_cell(v) + "</tr>" for cells, v in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _tails_budgets_section(judgement: Judgement) -> str:
+    """Tail, drift and budget verdicts: the rows beside the medians, in the same Bonferroni family."""
+    parts = []
+    if judgement.tails:
+        rows = [((r.name, f"{r.metric} {r.stat}", f"{r.base_ms:.3f}", f"{r.head_ms:.3f}", f"{r.ratio:.4f}",
+                  f"{r.ci_low:.4f}", f"{r.ci_high:.4f}", f"{100 * r.threshold:.3g}%"), r.verdict) for r in judgement.tails]
+        parts.append("<h3>Tails</h3>" + _rows_table(("benchmark", "statistic", "base ms", "head ms", "ratio", "CI low",
+                                                     "CI high", "threshold", "verdict"), rows))
+    if judgement.drift:
+        rows = [((r.name, r.metric, f"{r.ratio:.4f}", f"{r.ci_low:.4f}", f"{r.ci_high:.4f}",
+                  f"{100 * r.threshold:.3g}%"), r.verdict) for r in judgement.drift]
+        parts.append("<h3>Drift against the reference</h3>" + _rows_table(
+            ("benchmark", "metric", "head / reference", "CI low", "CI high", "budget", "verdict"), rows))
+    if judgement.budgets:
+        rows = [((r.name, str(r.budget), f"{r.value_ms:.3f}", f"{r.ci_low_ms:.3f}", f"{r.ci_high_ms:.3f}",
+                  f"{r.limit_ms:.3f}"), r.verdict) for r in judgement.budgets]
+        parts.append("<h3>Budgets (head runs)</h3>" + _rows_table(
+            ("benchmark", "budget", "value ms", "CI low ms", "CI high ms", "limit ms", "verdict"), rows))
+    return section("tails-budgets", "Tails, drift and budgets", "".join(parts) or "<p>none judged</p>")
+
+
+def gate_html(judgement: Judgement, machine: Mapping | None = None, changes: Sequence[KernelChange] | None = None) -> str:
     """The gate's page; `machine` is the base run's machine info, `changes` the kernel diff if profiled."""
-    sections = [_gate_card(report), versions_section(machine or {}), _verdicts_section(report)]
+    sections = [_gate_card(judgement), versions_section(machine or {}), _verdicts_section(judgement.medians),
+                _tails_budgets_section(judgement)]
     if changes is not None:
         sections.append(_diff_section(changes))
-    return page(f"inferlab gate: {report.verdict}", sections)
+    return page(f"inferlab gate: {judgement.verdict}", sections)

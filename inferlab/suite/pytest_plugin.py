@@ -11,6 +11,11 @@
   `MetricClock` is a virtual clock that advances, inside the round, by the metric measured
   with CUDA events (after the run's single synchronize), so the difference is exactly that
   metric. A bare host clock around asynchronous work never enters the numbers.
+- Saved with each entry (extra_info): percentiles, the fingerprint, the roofline (bytes per step,
+  bandwidth probed once per session, ``floor_tpot_ms``), the per-request inter-token gaps of TPOT
+  entries (``itl_rounds_ms``, for the gate's ITL tail) and the entry's budgets: those of an
+  ``@pytest.mark.inferlab_budget(tpot_ms=1.0, ...)`` marker and of ``[tool.inferlab.budgets]`` in
+  the rootdir's pyproject.toml whose pattern matches the case id (see gate/budgets.py).
 - ``machine_info["inferlab"]`` records the GPU, the model and the dtype; comparing against a
   saved run from another GPU, model or dtype stops with a clear message.
 """
@@ -91,6 +96,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped with a reason when none is present)")
     config.addinivalue_line("markers", "perf: a benchmark that records timings")
+    config.addinivalue_line("markers", "inferlab_budget(**budgets): absolute budgets saved with the entry, "
+                                       "e.g. tpot_ms=1.0, ttft_ms_p99=30, tpot_floor_x=1.5")
     if config.getoption("--inferlab-rounds") < 1:
         raise pytest.UsageError("--inferlab-rounds must be at least 1")
     if config.getoption("--inferlab-warmup") < 0:
@@ -98,6 +105,41 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--inferlab-inject-delay-ms") < 0:
         raise pytest.UsageError("--inferlab-inject-delay-ms must be 0 or more")
     cases_from_options(config)  # a bad --inferlab-* value stops here, as a usage error, before collection
+    config.stash[_BUDGETS] = _pyproject_budgets(config)
+
+
+_BUDGETS = pytest.StashKey[list]()
+
+
+def _pyproject_budgets(config: pytest.Config) -> list:
+    """[tool.inferlab.budgets] of the rootdir's pyproject.toml; a bad table is a usage error."""
+    from inferlab.suite.gate.budgets import read_pyproject_budgets
+
+    path = config.rootpath / "pyproject.toml"
+    try:
+        return read_pyproject_budgets(path) if path.is_file() else []
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+
+
+def entry_budgets(node, pyproject_budgets: list, case_id: str, metric: str) -> list[dict]:
+    """The budgets that judge this entry, as saved in extra_info: {key, value, source}."""
+    from inferlab.suite.gate.budgets import applies, budgets_from_table
+
+    budgets = []
+    for marker in node.iter_markers("inferlab_budget"):
+        try:
+            budgets += budgets_from_table({"*": dict(marker.kwargs)}, f"marker on {node.nodeid}")
+        except ValueError as error:
+            raise pytest.UsageError(str(error)) from None
+    budgets += pyproject_budgets
+    return [{"key": _budget_key(b), "value": b.limit, "source": b.source} for b in budgets if applies(b, case_id, metric)]
+
+
+def _budget_key(budget) -> str:
+    if budget.per_floor:
+        return "tpot_floor_x"
+    return budget.metric if budget.stat == "median" else f"{budget.metric}_{budget.stat}"
 
 
 def _cuda_available() -> bool:
@@ -205,6 +247,7 @@ class _Models:
         self.recorded: dict = {}
         self.costs: dict = {}  # the same key -> {"memory": ..., "energy": ...} of those requests
         self._meter = None
+        self._bandwidth = None
 
     def energy_meter(self):
         """NVML's energy meter for the session's device, opened once (or why there is none)."""
@@ -213,6 +256,16 @@ class _Models:
         if self._meter is None:
             self._meter = energy.open_meter(self.session.device)
         return self._meter
+
+    def bandwidth(self) -> tuple[float | None, str]:
+        """The device's copy bandwidth, probed once per session (the roofline floor's denominator)."""
+        from inferlab.measure.fingerprint import device_name
+        from inferlab.measure.roofline import device_bandwidth
+
+        if self._bandwidth is None:
+            device = self.session.device
+            self._bandwidth = device_bandwidth(device, device_name(device), probe=True)
+        return self._bandwidth
 
     def model(self, name: str):
         from inferlab.model.registry import load_model
@@ -290,7 +343,7 @@ def _cuda_cycles_per_ms(device) -> float:
 
 
 @pytest.fixture
-def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.Config):
+def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.Config, request: pytest.FixtureRequest):
     """measure(case, model=None): benchmark one case; returns the measured RunTimes."""
     import torch
 
@@ -299,6 +352,7 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
     from inferlab.measure.bench import BenchConfig, build_prompt, check_fits, decode_config, make_fingerprint, run_once
     from inferlab.measure.metrics import summarize
     from inferlab.measure.clocks import clock_for
+    from inferlab.measure.roofline import roofline
 
     def measure(case: PerfCase, model: str | None = None, rounds: int | None = None, warmup: int | None = None):
         session = inferlab_models.session
@@ -354,7 +408,12 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
             decode_tokens_per_s=summary["decode_tokens_per_s"],
             injected_delay_ms=delay,
             **inferlab_models.costs[key],
+            roofline=roofline(loaded.model, case.batch_size, prompt.length, case.output_length,
+                              inferlab_models.bandwidth()).to_dict(),
+            budgets=entry_budgets(request.node, pytestconfig.stash[_BUDGETS], case.id, case.metric),
         )
+        if case.metric == "tpot_ms":  # the gaps behind the ITL tail verdict: one list per measured request
+            benchmark.extra_info["itl_rounds_ms"] = [[round(gap, 6) for gap in run.itl_ms] for run in measured]
         return measured
 
     return measure
