@@ -50,6 +50,21 @@ def test_one_token_is_stamped_per_step(tiny):
     assert len(clock.finish()) == 6
 
 
+def test_going_back_to_a_prepared_shape_restores_it_instead_of_rebuilding(tiny, monkeypatch):
+    engine = FastEngine(tiny.model, CPU_EAGER)
+    short = (prompt_of(tiny.model, 5), DecodeConfig(4, ignore_eos=True))
+    long_ = (prompt_of(tiny.model, 9), DecodeConfig(12, ignore_eos=True))
+    first = engine.run(*short, None, HostClock())
+    engine.run(*long_, None, HostClock())
+    built = []
+    monkeypatch.setattr(FastLlama, "setup_cache", lambda self, *shape: built.append(shape))
+    again = engine.run(*short, None, HostClock())  # interleaved: back to the first shape
+    assert built == []  # nothing rebuilt
+    assert engine.net.k_cache.shape[3] == 5 + 4  # its own cache is back in place
+    assert torch.equal(again, first) and torch.equal(again, generate(tiny.model, *short).tokens)
+    assert [key[:3] for key in engine.prepared_shapes] == [(1, 5, 4), (1, 9, 12)]
+
+
 def test_seeded_sampling_repeats_with_the_seed_and_changes_without_it(tiny):
     prompt = prompt_of(tiny.model, 5)
     config = DecodeConfig(16, SamplingConfig(greedy=False, temperature=1.5, top_k=100, top_p=0.95), ignore_eos=True)

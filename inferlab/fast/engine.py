@@ -133,6 +133,9 @@ class FastLayer(nn.Module):
         self.register_buffer("ffn_norm", layer.post_attention_layernorm.weight.detach(), persistent=False)
 
 
+CACHE_BUFFERS = ("k_cache", "v_cache", "cos", "sin", "arange")
+
+
 class FastLlama(nn.Module):
     """A Llama forward pass over a static KV cache: tokens [B, S] at positions [S] -> logits [B, 1, V]."""
 
@@ -166,6 +169,15 @@ class FastLlama(nn.Module):
         self.register_buffer("sin", sin[0], persistent=False)
         self.register_buffer("arange", torch.arange(max_seq, device=device), persistent=False)
         self.max_seq = max_seq
+
+    def cache_state(self) -> dict:
+        """The cache and tables `setup_cache` made, to put back later with `load_cache_state`."""
+        return {name: getattr(self, name) for name in CACHE_BUFFERS}
+
+    def load_cache_state(self, state: dict) -> None:
+        for name in CACHE_BUFFERS:
+            self.register_buffer(name, state[name], persistent=False)
+        self.max_seq = state["arange"].shape[0]
 
     def attention(self, index: int, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [B, S, H] at positions [S] -> [B, S, H], writing this layer's K/V at those positions."""
@@ -239,8 +251,18 @@ def pick(logits: torch.Tensor, sampling: SamplingConfig, uniform: torch.Tensor |
     return torch.argmax(probs / exponential, dim=-1)
 
 
+# What `FastEngine.prepare` builds for one shape; kept per shape, so going back to a shape
+# prepared before (a sweep interleaves its configurations) restores it instead of rebuilding it.
+SHAPE_STATE = ("sampling", "prompt_ids", "prompt_positions", "tokens", "hidden", "position", "out", "uniform",
+               "prompt_length", "new_tokens", "kernels", "_prefill", "_decode", "_prefill_graph", "_decode_graph")
+
+
 class FastEngine:
-    """Static cache + fused, compiled step + CUDA graphs. `prepare` compiles and captures; `run` only replays."""
+    """Static cache + fused, compiled step + CUDA graphs. `prepare` compiles and captures; `run` only replays.
+
+    Each shape (batch, prompt length, output length, sampling) is prepared once and kept with its
+    own cache, buffers and graphs (the weights are shared): switching back to it costs nothing.
+    """
 
     name = "fast"
 
@@ -255,6 +277,7 @@ class FastEngine:
             raise UsageError("the Triton decode kernels need a CUDA device: run the fast engine on CPU with triton off")
         self.net: FastLlama | None = None
         self._key = None
+        self._shapes: dict = {}  # key -> (net cache state, engine state) of every shape prepared
 
     def describe(self) -> str:
         o = self.options
@@ -269,6 +292,9 @@ class FastEngine:
         """Build the cache and buffers for this shape, compile, warm up and capture the graphs."""
         key = (prompt.batch_size, prompt.length, config.max_new_tokens, config.sampling)
         if key == self._key:
+            return
+        if key in self._shapes:
+            self._restore(key)
             return
         if bool((prompt.attention_mask == 0).any()):
             raise UsageError("the fast engine needs prompts of equal length (no padding): use --engine eager or hf")
@@ -304,6 +330,19 @@ class FastEngine:
         if self.options.graphs:
             self._capture()
         self._key = key
+        self._shapes[key] = (self.net.cache_state(), {name: getattr(self, name) for name in SHAPE_STATE})
+
+    def _restore(self, key) -> None:
+        cache, state = self._shapes[key]
+        self.net.load_cache_state(cache)
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._key = key
+
+    @property
+    def prepared_shapes(self) -> tuple:
+        """The (batch, prompt length, output length, sampling) of every shape prepared so far."""
+        return tuple(self._shapes)
 
     def _prefill_body(self) -> None:
         logits = self.net(self.prompt_ids, self.prompt_positions)[:, -1]

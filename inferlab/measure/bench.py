@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import Sequence
 
 import torch
 
 from inferlab.measure import fingerprint
+from inferlab.measure import inject
 from inferlab.measure import roofline
 from inferlab.decode.loop import DecodeConfig
 from inferlab.decode.engines import ENGINE_NAMES, make_engine
@@ -35,12 +37,16 @@ class BenchConfig:
     seed: int = 0
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     per_token_events: bool = True
+    # A known violation for testing the verdicts (`inferlab.measure.inject`); 0 (off) unless asked.
+    inject_delay_per_position_us: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("prompt_length", "batch_size", "output_length"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name.replace('_', ' ')} must be a positive integer, got {value}")
+        if not self.inject_delay_per_position_us >= 0:
+            raise UsageError(f"the injected delay per position must be >= 0 us, got {self.inject_delay_per_position_us}")
         if self.runs < 1:
             raise UsageError(f"runs must be at least 1, got {self.runs}")
         if self.warmup_runs < 0:
@@ -151,14 +157,51 @@ def run_once(engine, prompt: Prompt, decode: DecodeConfig, generator, clock, dev
     return RunTimes(token_ms=token_ms, wall_ms=wall_ms)
 
 
-def run_benchmark(
+@dataclass
+class PreparedCase:
+    """One configuration ready to measure: engine prepared, warm-ups run; `measure_one` times a request.
+
+    Holds its own prompt, generator and clock, so several configurations can be measured in any
+    interleaving and each sees the same requests and random draws as when measured alone.
+    """
+
+    loaded: LoadedModel
+    config: BenchConfig
+    bandwidth: tuple[float | None, str]
+    engine: object
+    prompt: Prompt
+    decode: DecodeConfig
+    generator: torch.Generator
+    clock: object
+    timed: torch.device
+    prepare_ms: float
+    warmup_e2e_ms: tuple[float, ...] = ()
+
+    def measure_one(self) -> RunTimes:
+        return run_once(self.engine, self.prompt, self.decode, self.generator, self.clock, self.timed)
+
+    def result(self, runs: Sequence[RunTimes]) -> BenchResult:
+        """The BenchResult of the measured `runs` (every raw timestamp kept)."""
+        loaded, config, prompt = self.loaded, self.config, self.prompt
+        return BenchResult(
+            config=config,
+            fingerprint=make_fingerprint(loaded, config, prompt.length),
+            runs=tuple(runs),
+            warmup_e2e_ms=self.warmup_e2e_ms,
+            prepare_ms=self.prepare_ms,
+            roofline=roofline.roofline(loaded.model, prompt.batch_size, prompt.length, config.output_length,
+                                       layout_bandwidth(self.bandwidth, loaded.layout)),
+            prompt_length=prompt.length,
+        )
+
+
+def prepare_case(
     loaded: LoadedModel,
     config: BenchConfig,
     bandwidth: tuple[float | None, str] = (None, "unknown"),
     engine=None,
-    on_run=None,
-) -> BenchResult:
-    """Warm up, then time `config.runs` requests; return every raw timestamp."""
+) -> PreparedCase:
+    """Build the prompt, prepare the engine for it (timed, never in TPOT) and run the warm-ups."""
     prompt = build_prompt(loaded, config)
     check_fits(loaded, prompt.length, config.output_length)
     device = loaded.device
@@ -175,24 +218,29 @@ def run_benchmark(
 
     timed = loaded.output_device  # each step ends at the LM head: on the last GPU of a pipeline
     clock = clock_for(timed, config.output_length, config.per_token_events)
-    warmups = []
-    for _ in range(config.warmup_runs):
-        warmups.append(run_once(engine, prompt, decode, generator, clock, timed).e2e_ms)
+    if config.inject_delay_per_position_us > 0:
+        clock = inject.PositionDelayClock(clock, config.inject_delay_per_position_us, prompt.length,
+                                          inject.where_to_inject(engine, timed), timed)
+    case = PreparedCase(loaded, config, bandwidth, engine, prompt, decode, generator, clock, timed, prepare_ms)
+    case.warmup_e2e_ms = tuple(case.measure_one().e2e_ms for _ in range(config.warmup_runs))
+    return case
+
+
+def run_benchmark(
+    loaded: LoadedModel,
+    config: BenchConfig,
+    bandwidth: tuple[float | None, str] = (None, "unknown"),
+    engine=None,
+    on_run=None,
+) -> BenchResult:
+    """Warm up, then time `config.runs` requests; return every raw timestamp."""
+    case = prepare_case(loaded, config, bandwidth, engine)
     runs = []
     for index in range(config.runs):
-        runs.append(run_once(engine, prompt, decode, generator, clock, timed))
+        runs.append(case.measure_one())
         if on_run is not None:
             on_run(index)
-    return BenchResult(
-        config=config,
-        fingerprint=make_fingerprint(loaded, config, prompt.length),
-        runs=tuple(runs),
-        warmup_e2e_ms=tuple(warmups),
-        prepare_ms=prepare_ms,
-        roofline=roofline.roofline(loaded.model, prompt.batch_size, prompt.length, config.output_length,
-                                   layout_bandwidth(bandwidth, loaded.layout)),
-        prompt_length=prompt.length,
-    )
+    return case.result(runs)
 
 
 SPLIT_ENGINES = ("eager", "hf", "hf-static")
