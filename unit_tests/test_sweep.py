@@ -32,6 +32,31 @@ class FailsAtLength:
         return self.inner.run(prompt, config, generator, clock)
 
 
+class Recording:
+    """The eager engine, recording the output length of every run (warm-ups included) and every
+    prepare; the `fail_on`-th run (counting from 1) raises `error` instead."""
+
+    def __init__(self, model, fail_on: int | None = None, error: BaseException | None = None) -> None:
+        self.inner = EagerEngine(model)
+        self.calls, self.prepared = [], []
+        self.fail_on, self.error = fail_on, error
+
+    def prepare(self, prompt, config):
+        self.prepared.append(config.max_new_tokens)
+
+    def run(self, prompt, config, generator, clock):
+        self.calls.append(config.max_new_tokens)
+        if len(self.calls) == self.fail_on:
+            raise self.error
+        return self.inner.run(prompt, config, generator, clock)
+
+
+def record_runs(monkeypatch, tiny, **kwargs) -> Recording:
+    engine = Recording(tiny.model, **kwargs)
+    monkeypatch.setattr(sweep, "make_engine", lambda name, model: engine)
+    return engine
+
+
 def fail_at(monkeypatch, output_length, error):
     monkeypatch.setattr(sweep, "make_engine", lambda name, model: FailsAtLength(model, output_length, error))
 
@@ -69,6 +94,7 @@ def test_table_has_a_row_per_configuration_then_verdicts_then_the_folder(tiny, t
     text = tables.format_sweep_table(report)
     lines = text.splitlines()
     assert sum(line.startswith("eager ") for line in lines) == 3
+    assert "0 warm-up + 2 runs each, interleaved |" in lines[0]
     assert "hypotheses, eager, prompt 4, batch 1:" in lines
     for verdict in report.verdicts[0].verdicts:
         assert f"{verdict.verdict.upper():<15} {verdict.name}: {verdict.explanation}" in text
@@ -128,13 +154,81 @@ def test_interrupt_keeps_finished_configurations_and_raises_again(tiny, tmp_path
     fail_at(monkeypatch, 4, KeyboardInterrupt())
     folder = new_run_folder(tmp_path, "sweep")
     with pytest.raises(KeyboardInterrupt):
-        sweep.run_sweep(tiny, sweep.SweepConfig(**SMALL), folder, (None, "unknown"), sweep.NullProgress())
+        sweep.run_sweep(tiny, sweep.SweepConfig(**SMALL, order="sequential"), folder, (None, "unknown"), sweep.NullProgress())
     assert [p.name for p in (folder / "results").iterdir()] == ["eager-b1-p4-n2.json"]
     data = json.loads((folder / "sweep.json").read_text())
     assert data["complete"] is False
     assert [r["config"]["output_length"] for r in data["results"]] == [2]
     assert len(list(csv.DictReader((folder / "sweep.csv").open()))) == 1
     assert "INTERRUPTED: 1 of 3 configurations" in (folder / "sweep.md").read_text()
+
+
+def test_interleaved_rounds_visit_every_configuration_once_in_an_order_shuffled_anew_each_round():
+    slots = sweep.measurement_order(5, 6, "interleaved", seed=3)
+    rounds = [[s.config for s in slots if s.round == r] for r in range(6)]
+    assert all(sorted(visit) == [0, 1, 2, 3, 4] for visit in rounds)
+    assert all([s.position for s in slots if s.round == r] == [0, 1, 2, 3, 4] for r in range(6))
+    assert len({tuple(visit) for visit in rounds}) > 1  # 6 draws of 120 orders: all equal has odds 120^-5
+    assert sweep.measurement_order(5, 6, "interleaved", seed=3) == slots  # the seed recorded repeats it
+    assert sweep.measurement_order(5, 6, "interleaved", seed=4) != slots
+
+
+def test_sequential_order_measures_each_configuration_back_to_back():
+    slots = sweep.measurement_order(3, 2, "sequential", seed=0)
+    assert [(s.config, s.round, s.position) for s in slots] == [(0, 0, 0), (0, 1, 0), (1, 0, 1), (1, 1, 1), (2, 0, 2), (2, 1, 2)]
+
+
+def test_interleaved_sweep_prepares_and_warms_up_every_configuration_first_then_measures_in_rounds(tiny, tmp_path,
+                                                                                                  monkeypatch):
+    engine = record_runs(monkeypatch, tiny)
+    report = run_small(tiny, tmp_path, warmup_runs=1, runs=3, seed=5)
+    assert engine.prepared == [2, 4, 8]  # once per configuration, not once per round
+    assert engine.calls[:3] == [2, 4, 8]  # the warm-ups, before any measured run
+    slots = sweep.measurement_order(3, 3, "interleaved", 5)
+    assert engine.calls[3:] == [(2, 4, 8)[s.config] for s in slots]
+    data = json.loads((report.folder / "sweep.json").read_text())
+    assert data["config"]["order"] == "interleaved" and data["config"]["seed"] == 5
+    starts = {}
+    for result in data["results"]:
+        schedule = result["schedule"]
+        assert len(schedule) == len(result["runs"]) == 3
+        assert [entry["round"] for entry in schedule] == [0, 1, 2]
+        index = (2, 4, 8).index(result["config"]["output_length"])
+        assert [entry["position"] for entry in schedule] == [s.position for s in slots if s.config == index]
+        starts.update({(e["round"], e["position"]): e["start_s"] for e in schedule})
+        saved = json.loads((report.folder / "results" / f"eager-b1-p4-n{result['config']['output_length']}.json").read_text())
+        assert saved["schedule"] == schedule
+    in_order = [starts[key] for key in sorted(starts)]
+    assert in_order[0] == 0.0 and in_order == sorted(in_order) and len(set(in_order)) == 9
+
+
+def test_interrupt_in_a_round_keeps_every_run_measured_and_raises_again(tiny, tmp_path, monkeypatch):
+    record_runs(monkeypatch, tiny, fail_on=5, error=KeyboardInterrupt())  # the second run of round 1
+    folder = new_run_folder(tmp_path, "sweep")
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(tiny, sweep.SweepConfig(**{**SMALL, "runs": 3}), folder, (None, "unknown"), sweep.NullProgress())
+    slots = sweep.measurement_order(3, 3, "interleaved", 0)[:4]
+    measured = {n: sum((2, 4, 8)[s.config] == n for s in slots) for n in (2, 4, 8)}
+    data = json.loads((folder / "sweep.json").read_text())
+    assert data["complete"] is False
+    assert {r["config"]["output_length"]: len(r["runs"]) for r in data["results"]} == measured
+    for n, count in measured.items():
+        saved = json.loads((folder / "results" / f"eager-b1-p4-n{n}.json").read_text())
+        assert len(saved["runs"]) == len(saved["schedule"]) == count
+
+
+def test_out_of_memory_in_a_later_round_makes_that_configuration_a_row_and_the_others_finish(tiny, tmp_path,
+                                                                                            monkeypatch):
+    error = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    slots = sweep.measurement_order(3, 2, "interleaved", 0)
+    engine = record_runs(monkeypatch, tiny, fail_on=4, error=error)  # the first run of round 1
+    report = run_small(tiny, tmp_path)
+    failed = (2, 4, 8)[slots[3].config]
+    assert {r.config.output_length: (r.status, len(r.runs)) for r in report.results} == {
+        n: ("oom", 0) if n == failed else ("ok", 2) for n in (2, 4, 8)}
+    assert engine.calls.count(failed) == 2  # not measured again after its failure
+    saved = json.loads((report.folder / "results" / f"eager-b1-p4-n{failed}.json").read_text())
+    assert saved["status"] == "oom" and saved["schedule"] == []
 
 
 def test_output_beyond_the_context_is_refused_before_anything_runs(tiny, tmp_path, monkeypatch):
@@ -156,6 +250,8 @@ def test_output_beyond_the_context_is_refused_before_anything_runs(tiny, tmp_pat
         (dict(warmup_runs=-1), "warm-up runs must be 0 or more, got -1"),
         (dict(engines=("eager", "vllm")), "unknown engine 'vllm': use one of eager, hf"),
         (dict(engines=()), "no engines given"),
+        (dict(order="random"), "unknown order 'random': use interleaved or sequential"),
+        (dict(inject_delay_per_position_us=-1.0), "the injected delay per position must be >= 0 us, got -1.0"),
     ],
 )
 def test_bad_sweep_configurations_are_refused_with_one_line(kwargs, message):
