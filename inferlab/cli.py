@@ -117,6 +117,12 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--output-lengths", nargs="+", type=int, default=[10, 50, 100, 500])
     sweep.add_argument("--prompt-lengths", nargs="+", type=int, default=[128])
     sweep.add_argument("--batch-sizes", nargs="+", type=int, default=[1])
+    sweep.add_argument("--order", choices=("interleaved", "sequential"), default="interleaved",
+                       help="interleaved (default): warm-ups first, then rounds visiting every configuration once in "
+                            "an order shuffled anew each round from --seed; sequential: one configuration after another")
+    sweep.add_argument("--inject-delay-per-position-us", type=float, default=0.0, metavar="US",
+                       help="test the verdicts: each decode step waits US microseconds x its cache position "
+                            "(TPOT then grows with the context; off by default)")
     _add_bench_args(sweep)
     _add_sampling_args(sweep)
 
@@ -284,7 +290,8 @@ def cmd_sweep(args) -> int:
     config = sweep.SweepConfig(
         model=args.model or "", engines=tuple(args.engines), output_lengths=tuple(args.output_lengths),
         prompt_lengths=tuple(args.prompt_lengths), batch_sizes=tuple(args.batch_sizes),
-        warmup_runs=args.warmup, runs=args.runs, seed=args.seed, sampling=_sampling(args),
+        warmup_runs=args.warmup, runs=args.runs, seed=args.seed, sampling=_sampling(args), order=args.order,
+        inject_delay_per_position_us=args.inject_delay_per_position_us,
     )
     loaded = _load(args)
     sweep.check_all_fit(loaded, config)  # before the folder exists: a refused sweep leaves nothing behind

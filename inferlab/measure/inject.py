@@ -6,7 +6,7 @@ what the KV cache explains, so "total latency grows linearly" must not hold. Nev
 The delay is added by wrapping the engine's clock: every ``mark()`` after the first (each decode
 step) first waits ``per_position_us`` x the cache position that step wrote. Where the wait runs
 matters: an engine that launches kernel by kernel is bound by the host, so a host busy-wait
-lengthens its step; an engine replaying CUDA graphs runs ahead of the host, so a host wait would
+lengthens its step (a sleep, then a short spin); an engine replaying CUDA graphs runs ahead of the host, so a host wait would
 hide in the queue and a CUDA sleep kernel on the stream is used instead.
 """
 
@@ -36,9 +36,15 @@ def cuda_cycles_per_ms(device: torch.device) -> float:
     return cycles / start.elapsed_time(end)
 
 
-def busy_wait(seconds: float) -> None:
-    """Spin on the host clock (a sleep would give the core away and overshoot)."""
+SPIN_S = 1e-3  # the last millisecond of a host wait spins: a sleep may overshoot by ~0.1 ms
+
+
+def host_wait(seconds: float) -> None:
+    """Wait on the host for `seconds`: sleep, then spin for the last `SPIN_S` (a long spin would
+    only take the core from other work, and a scheduler may then slow this process down more)."""
     end = time.perf_counter() + seconds
+    if seconds > SPIN_S:
+        time.sleep(seconds - SPIN_S)
     while time.perf_counter() < end:
         pass
 
@@ -70,7 +76,7 @@ class PositionDelayClock:
             if self.where == "device":
                 torch.cuda._sleep(int(delay_us / 1e3 * self._cycles_per_ms))
             else:
-                busy_wait(delay_us / 1e6)
+                host_wait(delay_us / 1e6)
         self._marks += 1
         self.clock.mark()
 

@@ -358,6 +358,13 @@ class _Measurement:
         return tuple(results), schedules
 
 
+def bytes_per_step(results: Sequence[BenchResult]) -> list[float] | None:
+    """Each result's mean bytes read per decode step (weights + KV cache), when all have a roofline."""
+    if any(r.roofline is None for r in results):
+        return None
+    return [r.roofline.bytes_per_step for r in results]
+
+
 def group_verdicts(results: Sequence[BenchResult]) -> tuple[GroupVerdicts, ...]:
     """The hypotheses per (engine, prompt length, batch size), on the results that ran."""
     groups: dict[tuple[str, int, int], list[BenchResult]] = {}
@@ -367,7 +374,7 @@ def group_verdicts(results: Sequence[BenchResult]) -> tuple[GroupVerdicts, ...]:
             groups[plots.series_key(result)].append(result)
     return tuple(
         GroupVerdicts(engine, prompt, batch, hypotheses.check_all(
-            [r.config.output_length for r in members], [r.runs for r in members]))
+            [r.config.output_length for r in members], [r.runs for r in members], bytes_per_step(members)))
         for (engine, prompt, batch), members in groups.items()
     )
 
