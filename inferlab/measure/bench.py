@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -224,6 +224,19 @@ def prepare_case(
     case = PreparedCase(loaded, config, bandwidth, engine, prompt, decode, generator, clock, timed, prepare_ms)
     case.warmup_e2e_ms = tuple(case.measure_one().e2e_ms for _ in range(config.warmup_runs))
     return case
+
+
+def repeat_within_budget(measure_one: Callable[[], RunTimes], rounds: int, budget_s: float, min_rounds: int,
+                         clock: Callable[[], float] = time.perf_counter) -> list[RunTimes]:
+    """Measured requests: `rounds` of them, or fewer once they have taken `budget_s` seconds of
+    `clock` in all, but never fewer than `min_rounds` (nor more than `rounds`); `budget_s` <= 0: no budget."""
+    runs: list[RunTimes] = []
+    start = clock()
+    while len(runs) < rounds:
+        runs.append(measure_one())
+        if budget_s > 0 and len(runs) >= min_rounds and clock() - start >= budget_s:
+            break
+    return runs
 
 
 def run_benchmark(

@@ -6,7 +6,9 @@
 - ``decode_benchmark``: runs one case with ``benchmark.pedantic``. Each metric (TTFT, TPOT,
   total latency) is its own benchmark entry, so ``--benchmark-compare-fail`` and
   ``inferlab gate`` judge each one separately. The requests are measured once per case, by
-  the first of its metrics to run; the other metrics' rounds replay those same requests.
+  the first of its metrics to run (warm-ups, then up to ``--inferlab-rounds`` requests, fewer
+  once they have taken ``--inferlab-max-seconds`` but never fewer than
+  ``--inferlab-min-rounds``); every metric's rounds then replay those same requests.
 - The timer: pytest-benchmark reads ``timer()`` before and after each round and subtracts.
   `MetricClock` is a virtual clock that advances, inside the round, by the metric measured
   with CUDA events (after the run's single synchronize), so the difference is exactly that
@@ -23,6 +25,22 @@ from dataclasses import dataclass
 import pytest
 
 METRICS = ("ttft_ms", "tpot_ms", "e2e_ms")
+
+# The default suite: what users gate on, within ~5 minutes on one H200 (README, "The pytest-benchmark
+# suite"). A case stops after DEFAULT_ROUNDS requests or DEFAULT_MAX_SECONDS of them, whichever
+# comes first, with at least DEFAULT_MIN_ROUNDS: short cases get 10 rounds, the eager loop at
+# 500 tokens (~10 s a request on an H200) gets 3.
+DEFAULT_ENGINES = ("eager", "fast")
+DEFAULT_OUTPUT_LENGTHS = (10, 50, 100, 500)
+DEFAULT_PROMPT_LENGTHS = (128, 512)
+DEFAULT_ROUNDS = 10
+DEFAULT_MIN_ROUNDS = 3
+DEFAULT_MAX_SECONDS = 5.0
+DEFAULT_WARMUP = 1
+
+
+def _csv(values) -> str:
+    return ",".join(str(v) for v in values)
 
 
 class MetricClock:
@@ -72,13 +90,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="model to benchmark (default: tinyllama-1.1b-random on CUDA, the test's own on CPU)")
     group.addoption("--inferlab-dtype", default=None, help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
     group.addoption("--inferlab-device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    group.addoption("--inferlab-engines", default="eager,hf", help="comma-separated engines (default eager,hf)")
-    group.addoption("--inferlab-output-lengths", default="10,50,100,500", help="comma-separated (default 10,50,100,500)")
-    group.addoption("--inferlab-prompt-lengths", default="128,512", help="comma-separated (default 128,512)")
+    group.addoption("--inferlab-engines", default=_csv(DEFAULT_ENGINES),
+                    help=f"comma-separated engines (default {_csv(DEFAULT_ENGINES)})")
+    group.addoption("--inferlab-output-lengths", default=_csv(DEFAULT_OUTPUT_LENGTHS),
+                    help=f"comma-separated (default {_csv(DEFAULT_OUTPUT_LENGTHS)})")
+    group.addoption("--inferlab-prompt-lengths", default=_csv(DEFAULT_PROMPT_LENGTHS),
+                    help=f"comma-separated (default {_csv(DEFAULT_PROMPT_LENGTHS)})")
     group.addoption("--inferlab-batch-sizes", default="1", help="comma-separated (default 1)")
     group.addoption("--inferlab-metrics", default=",".join(METRICS), help="comma-separated subset of ttft_ms,tpot_ms,e2e_ms")
-    group.addoption("--inferlab-rounds", type=int, default=10, help="measured rounds per entry (default 10)")
-    group.addoption("--inferlab-warmup", type=int, default=2, help="warm-up rounds per entry (default 2)")
+    group.addoption("--inferlab-rounds", type=int, default=DEFAULT_ROUNDS,
+                    help=f"measured rounds per case, at most (default {DEFAULT_ROUNDS})")
+    group.addoption("--inferlab-min-rounds", type=int, default=DEFAULT_MIN_ROUNDS,
+                    help=f"measured rounds per case, at least, whatever the time (default {DEFAULT_MIN_ROUNDS})")
+    group.addoption("--inferlab-max-seconds", type=float, default=DEFAULT_MAX_SECONDS,
+                    help=f"stop measuring a case once its requests have taken this long (default {DEFAULT_MAX_SECONDS:g}; "
+                         "0: always --inferlab-rounds)")
+    group.addoption("--inferlab-warmup", type=int, default=DEFAULT_WARMUP,
+                    help=f"warm-up requests per case (default {DEFAULT_WARMUP})")
     group.addoption("--inferlab-inject-delay-ms", type=float, default=0.0,
                     help="add this many ms to every decode step (a known slowdown, to test a gate)")
     group.addoption("--inferlab-inject-on", choices=("auto", "host", "device"), default="auto",
@@ -93,6 +121,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--inferlab-rounds must be at least 1")
     if config.getoption("--inferlab-warmup") < 0:
         raise pytest.UsageError("--inferlab-warmup must be 0 or more")
+    if config.getoption("--inferlab-min-rounds") < 1:
+        raise pytest.UsageError("--inferlab-min-rounds must be at least 1")
+    if config.getoption("--inferlab-max-seconds") < 0:
+        raise pytest.UsageError("--inferlab-max-seconds must be 0 or more")
     if config.getoption("--inferlab-inject-delay-ms") < 0:
         raise pytest.UsageError("--inferlab-inject-delay-ms must be 0 or more")
     cases_from_options(config)  # a bad --inferlab-* value stops here, as a usage error, before collection
@@ -287,7 +319,8 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
     """measure(case, model=None): benchmark one case; returns the measured RunTimes."""
     import torch
 
-    from inferlab.measure.bench import BenchConfig, build_prompt, check_fits, decode_config, make_fingerprint, run_once
+    from inferlab.measure.bench import (BenchConfig, build_prompt, check_fits, decode_config, make_fingerprint,
+                                        repeat_within_budget, run_once)
     from inferlab.measure.metrics import summarize
     from inferlab.measure.clocks import clock_for
 
@@ -298,34 +331,39 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
         engine = inferlab_models.engine(name, case.engine)
         rounds = rounds or pytestconfig.getoption("--inferlab-rounds")
         warmup = pytestconfig.getoption("--inferlab-warmup") if warmup is None else warmup
+        min_rounds = min(pytestconfig.getoption("--inferlab-min-rounds"), rounds)
+        budget_s = pytestconfig.getoption("--inferlab-max-seconds")
         config = BenchConfig(engine=case.engine, prompt_length=case.prompt_length, batch_size=case.batch_size,
                              output_length=case.output_length, warmup_runs=warmup, runs=rounds)
         prompt, decode = build_prompt(loaded, config), decode_config(loaded, config)
         check_fits(loaded, prompt.length, case.output_length)
-        if hasattr(engine, "prepare"):
-            engine.prepare(prompt, decode)
-        clock = clock_for(loaded.device, case.output_length)
         delay = pytestconfig.getoption("--inferlab-inject-delay-ms")
-        if delay > 0:
-            where = inject_where(pytestconfig.getoption("--inferlab-inject-on"), engine, loaded.device)
-            clock = DelayedClock(clock, delay, where, loaded.device)
-        key = (name, case.engine, case.batch_size, case.prompt_length, case.output_length, rounds, warmup)
-        recorded = inferlab_models.recorded.get(key)
-        generator = torch.Generator(device=loaded.device).manual_seed(0)
-        runs = []
+        key = (name, case.engine, case.batch_size, case.prompt_length, case.output_length, rounds, warmup, budget_s)
+        runs = inferlab_models.recorded.get(key)
+        if runs is None:  # the first metric of this case: measure its requests
+            if hasattr(engine, "prepare"):
+                engine.prepare(prompt, decode)
+            clock = clock_for(loaded.device, case.output_length)
+            if delay > 0:
+                where = inject_where(pytestconfig.getoption("--inferlab-inject-on"), engine, loaded.device)
+                clock = DelayedClock(clock, delay, where, loaded.device)
+            generator = torch.Generator(device=loaded.device).manual_seed(0)
+
+            def one_request():
+                return run_once(engine, prompt, decode, generator, clock, loaded.device)
+
+            for _ in range(warmup):
+                one_request()
+            runs = tuple(repeat_within_budget(one_request, rounds, budget_s, min_rounds))
+            inferlab_models.recorded[key] = runs
+        replay = iter(runs)
 
         def one_round() -> None:
-            if recorded is not None:  # another metric of this case already measured these requests
-                run = recorded[len(runs)]
-            else:
-                run = run_once(engine, prompt, decode, generator, clock, loaded.device)
-            runs.append(run)
-            value = getattr(run, case.metric)
+            value = getattr(next(replay), case.metric)
             METRIC_CLOCK.advance(value if value is not None else 0.0)
 
-        benchmark.pedantic(one_round, rounds=rounds, warmup_rounds=warmup, iterations=1)
-        inferlab_models.recorded.setdefault(key, tuple(runs))
-        measured = runs[warmup:]
+        benchmark.pedantic(one_round, rounds=len(runs), warmup_rounds=0, iterations=1)
+        measured = list(runs)
         summary = summarize(measured, case.batch_size)
         benchmark.extra_info.update(
             metric=case.metric,
@@ -337,6 +375,7 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
             output_tokens_per_s=summary["output_tokens_per_s"],
             decode_tokens_per_s=summary["decode_tokens_per_s"],
             injected_delay_ms=delay,
+            rounds_measured=len(measured), rounds_asked=rounds, max_seconds=budget_s, warmup_rounds=warmup,
         )
         return measured
 
