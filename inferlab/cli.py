@@ -113,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = commands.add_parser("sweep", help="the output-length experiment (and prompt length, batch size)")
     _add_model_args(sweep, optional_model=True)
-    sweep.add_argument("--engines", nargs="+", default=["eager"], help="engines to compare: eager, hf, hf-static, fast, fast-inductor, fast-nocompile (default eager)")
+    sweep.add_argument("--engines", nargs="+", default=None,
+                       help="engines to compare: eager, hf, hf-static, fast, fast-inductor, fast-nocompile "
+                            "(default: eager hf fast on CUDA, eager on the CPU)")
     sweep.add_argument("--output-lengths", nargs="+", type=int, default=[10, 50, 100, 500])
     sweep.add_argument("--prompt-lengths", nargs="+", type=int, default=[128])
     sweep.add_argument("--batch-sizes", nargs="+", type=int, default=[1])
@@ -355,6 +357,15 @@ COMMANDS = {
 }
 
 
+def _default_sweep_engines(args) -> tuple[str, ...]:
+    from inferlab.model import layouts
+    from inferlab.model.devices import resolve_device
+    from inferlab.suite import sweep
+
+    split = layouts.parse_layout(args.layout).kind != "single"
+    return sweep.default_engines(resolve_device(args.device), split)
+
+
 def _launch_if_needed(args, argv: list[str]) -> int | None:
     """For a multi-process layout: check it, then run this same command under torchrun."""
     if not hasattr(args, "layout"):
@@ -379,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "sweep" and args.engines is None:
+            args.engines = list(_default_sweep_engines(args))
         launched = _launch_if_needed(args, argv)
         if launched is not None:
             return launched

@@ -335,3 +335,11 @@ def test_a_delay_growing_with_the_cache_position_is_caught_by_a_real_sweep(tmp_p
     assert linear["verdict"] == "does not hold", linear["explanation"]
     assert linear["numbers"]["measured_growth"] > linear["numbers"]["predicted_growth"] + 0.1
     assert "DOES NOT HOLD   total latency grows linearly" in capsys.readouterr().out
+
+
+def test_default_engines_are_eager_hf_and_fast_on_cuda_and_eager_on_the_cpu():
+    assert sweep.default_engines(torch.device("cuda")) == ("eager", "hf", "fast")
+    assert sweep.default_engines(torch.device("cuda"), split=True) == ("eager", "hf")  # fast runs on one device
+    assert sweep.default_engines(torch.device("cpu")) == ("eager",)
+    assert sweep.SweepConfig().engines == ("eager",) and sweep.SweepConfig().prompt_lengths == (128,)
+    assert sweep.SweepConfig().output_lengths == (10, 50, 100, 500)

@@ -41,7 +41,8 @@ from inferlab.measure import fingerprint as fingerprints
 from inferlab.suite import hypotheses
 from inferlab.look import plots
 from inferlab.look.tables import csv_text, markdown_text, title
-from inferlab.measure.bench import BenchConfig, BenchResult, PreparedCase, check_fits, failed_result, prepare_case
+from inferlab.measure.bench import (SPLIT_ENGINES, BenchConfig, BenchResult, PreparedCase, check_fits, failed_result,
+                                    prepare_case)
 from inferlab.measure.metrics import RunTimes
 from inferlab.model.devices import dtype_name
 from inferlab.decode.engines import ENGINE_NAMES, make_engine
@@ -52,6 +53,15 @@ from inferlab.storage import write_json_atomic, write_text_atomic
 
 SCHEMA = "inferlab.sweep/1"
 ORDERS = ("interleaved", "sequential")
+CUDA_ENGINES = ("eager", "hf", "fast")  # the engines users choose between
+CPU_ENGINES = ("eager",)  # keeps the CPU sweep to minutes
+
+
+def default_engines(device: torch.device, split: bool = False) -> tuple[str, ...]:
+    """The engines a sweep compares unless told: eager, hf and fast on CUDA, eager on the CPU;
+    only those that run a model split across devices when `split`."""
+    engines = CUDA_ENGINES if device.type == "cuda" else CPU_ENGINES
+    return tuple(e for e in engines if e in SPLIT_ENGINES) if split else engines
 
 
 def _check_unique(values: tuple, what: str) -> None:
