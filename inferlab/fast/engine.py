@@ -14,6 +14,14 @@ What makes it fast, each a separate switch (`FastOptions`) so its effect can be 
 - the prefill (compiled) and the decode step each captured once in a CUDA graph: a step is one
   ``graph.replay()``, with no host work and no synchronization per token.
 
+Prepared once per model, not once per shape: the compiled functions are made once per engine
+and the prefill is compiled with dynamic shapes (prompt length and cache length symbolic), and
+the static cache is sized by `cache_length`, a bucket that does not change with every output
+length. A new (batch, prompt length, output length) then costs a cache, buffers and two graph
+captures, not a compile. The price: a cache up to twice the positions a request needs (the
+Triton decode attention reads only the positions written; the prefill's and the torch decode
+step's attention are masked over the whole cache).
+
 Sampling stays on the device: greedy is argmax; sampling draws ``u ~ U(0, 1)`` per vocabulary
 entry from the caller's generator (outside the graph) and picks ``argmax(p / -log u)``, which is
 a draw from ``p`` (the exponential-race form of the multinomial), after the same temperature,
@@ -60,6 +68,7 @@ class FastOptions:
     compile_mode: str = "max-autotune-no-cudagraphs"
     coordinate_descent: bool = True
     sdpa: bool = False
+    dynamic_prefill: bool = True  # one prefill compile for every prompt and cache length
 
     def resolved(self, device: torch.device) -> "FastOptions":
         cuda = device.type == "cuda"
@@ -90,6 +99,19 @@ def compile_options(options: FastOptions) -> dict:
     from torch._inductor import list_mode_options
 
     return {**list_mode_options(options.compile_mode), "coordinate_descent_tuning": options.coordinate_descent}
+
+
+MIN_CACHE_LENGTH = 256
+
+
+def cache_length(needed: int, max_context: int | None) -> int:
+    """Positions of the static cache for a request needing `needed`: the next power of two, at
+    least `MIN_CACHE_LENGTH`, capped at the model's context (never below `needed`), so requests
+    that differ a little share one cache shape."""
+    length = max(MIN_CACHE_LENGTH, 1 << max(needed - 1, 0).bit_length())
+    if max_context:
+        length = min(length, max_context)
+    return max(length, needed)
 
 
 def check_supported(model) -> None:
@@ -253,7 +275,8 @@ def pick(logits: torch.Tensor, sampling: SamplingConfig, uniform: torch.Tensor |
 
 # What `FastEngine.prepare` builds for one shape; kept per shape, so going back to a shape
 # prepared before (a sweep interleaves its configurations) restores it instead of rebuilding it.
-SHAPE_STATE = ("sampling", "prompt_ids", "prompt_positions", "tokens", "hidden", "position", "out", "uniform",
+SHAPE_STATE = ("sampling", "prompt_ids", "prompt_positions", "tokens", "hidden", "position", "first_position", "out",
+               "uniform",
                "prompt_length", "new_tokens", "kernels", "_prefill", "_decode", "_prefill_graph", "_decode_graph")
 
 
@@ -276,6 +299,7 @@ class FastEngine:
         if self.options.triton and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise UsageError("the Triton decode kernels need a CUDA device: run the fast engine on CPU with triton off")
         self.net: FastLlama | None = None
+        self._compiled = None  # (prefill, decode): made once per engine, shared by every shape
         self._key = None
         self._shapes: dict = {}  # key -> (net cache state, engine state) of every shape prepared
 
@@ -301,7 +325,8 @@ class FastEngine:
         B, S, N = key[:3]
         if self.net is None:
             self.net = FastLlama(self.hf_model, sdpa=self.options.sdpa)
-        self.net.setup_cache(B, S + N)
+        positions = cache_length(S + N, getattr(self.hf_model.config, "max_position_embeddings", None))
+        self.net.setup_cache(B, positions)
         vocab = self.net.embed.shape[0]
         dev = self.device
         self.sampling = config.sampling
@@ -310,7 +335,9 @@ class FastEngine:
         self.tokens = torch.zeros(B, 1, dtype=torch.long, device=dev)
         self.hidden = torch.zeros(B, self.net.embed.shape[1], dtype=self.net.embed.dtype, device=dev)
         self.position = torch.zeros(1, dtype=torch.long, device=dev)
-        self.out = torch.zeros(B, N, dtype=torch.long, device=dev)
+        # the prompt length as a tensor: compiled code that read an int (or a size) would be specialized to it
+        self.first_position = torch.full((1,), S, dtype=torch.long, device=dev)
+        self.out = torch.zeros(B, positions, dtype=torch.long, device=dev)  # by the cache bucket, not N: compiled code is not specialized to N
         self.uniform = None if config.sampling.greedy else torch.rand(B, vocab, device=dev)
         self.prompt_length = S
         self.new_tokens = N
@@ -320,12 +347,9 @@ class FastEngine:
 
             self.kernels = triton_ops.Kernels(pdl=self.options.pdl)
 
-        prefill, decode = self._prefill_body, self._decode_body
-        if self.options.compile:
-            prefill = torch.compile(prefill, fullgraph=True, dynamic=False)
-            if not self.options.triton:
-                decode = torch.compile(decode, options=compile_options(self.options), fullgraph=True, dynamic=False)
-        self._prefill, self._decode = prefill, decode
+        if self._compiled is None:
+            self._compiled = self._compile()
+        self._prefill, self._decode = self._compiled
         self._prefill_graph = self._decode_graph = None
         if self.options.graphs:
             self._capture()
@@ -344,6 +368,15 @@ class FastEngine:
         """The (batch, prompt length, output length, sampling) of every shape prepared so far."""
         return tuple(self._shapes)
 
+    def _compile(self) -> tuple:
+        """The prefill and decode functions, compiled as the options say; each shape's tensors are inputs."""
+        prefill, decode = self._prefill_body, self._decode_body
+        if self.options.compile:
+            prefill = torch.compile(prefill, fullgraph=True, dynamic=self.options.dynamic_prefill)
+            if not self.options.triton:
+                decode = torch.compile(decode, options=compile_options(self.options), fullgraph=True, dynamic=False)
+        return prefill, decode
+
     def _prefill_body(self) -> None:
         logits = self.net(self.prompt_ids, self.prompt_positions)[:, -1]
         first = pick(logits, self.sampling, self.uniform)
@@ -351,7 +384,7 @@ class FastEngine:
         self.out[:, 0].copy_(first)
         if self.options.triton:
             self.hidden.copy_(F.embedding(first, self.net.embed))
-        self.position.fill_(self.prompt_length)
+        self.position.copy_(self.first_position)
 
     def _decode_body(self) -> None:
         if self.kernels is None:
@@ -364,7 +397,7 @@ class FastEngine:
                 return
         nxt = pick(logits, self.sampling, self.uniform)
         self.tokens.copy_(nxt[:, None])
-        self.out.index_copy_(1, self.position - self.prompt_length + 1, nxt[:, None])
+        self.out.index_copy_(1, self.position - self.first_position + 1, nxt[:, None])
         if self.kernels is not None:
             self.hidden.copy_(F.embedding(nxt, self.net.embed))
         self.position.add_(1)
@@ -403,7 +436,7 @@ class FastEngine:
             self._draw(generator)
             self._step(self._decode_graph, self._decode)
             clock.mark()
-        return self.out.clone()
+        return self.out[:, : self.new_tokens].clone()
 
     @staticmethod
     def _step(graph, function) -> None:
