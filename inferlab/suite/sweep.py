@@ -298,12 +298,15 @@ class _Measurement:
         bench_config = self.bench_configs[index]
         self.progress.begin(result_stem(bench_config))
         try:
-            self.cases[index] = prepare_case(self.loaded, bench_config, self.bandwidth, self.engines[bench_config.engine])
+            case = prepare_case(self.loaded, bench_config, self.bandwidth, self.engines[bench_config.engine])
         except RuntimeError as error:
             if not is_out_of_memory(error):
                 raise
             message = _first_line(error)
-            self._fail(index, message)  # outside the except block: see _fail
+        else:
+            self.cases[index] = case
+            return
+        self._fail(index, message)
 
     def measure(self, slot: Slot) -> None:
         """One measured run of `slot`'s configuration; its result is saved once its last run is in."""
@@ -321,16 +324,18 @@ class _Measurement:
             if not is_out_of_memory(error):
                 raise
             message = _first_line(error)
-            self._fail(index, message)
+        else:
+            self.runs[index].append(run)
+            self.schedule[index].append(ScheduledRun(slot.round, slot.position, start_s))
+            self.progress.advance()
+            if len(self.runs[index]) == self.config.runs:
+                self.save(index)
             return
-        self.runs[index].append(run)
-        self.schedule[index].append(ScheduledRun(slot.round, slot.position, start_s))
-        self.progress.advance()
-        if len(self.runs[index]) == self.config.runs:
-            self.save(index)
+        self._fail(index, message)
 
     def _fail(self, index: int, message: str) -> None:
-        # Called outside the except block: the traceback (and the tensors its frames hold) is gone by now.
+        """Make configuration `index` an "oom" row. Called after the except block has ended, so the
+        traceback (and the tensors its frames hold) is gone before the cache is emptied."""
         self.cases.pop(index, None)
         if self.loaded.device.type == "cuda":
             torch.cuda.empty_cache()
