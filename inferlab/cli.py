@@ -53,11 +53,12 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=0, help="seeds the sampler's generator and random prompts")
 
 
-def _add_bench_args(parser: argparse.ArgumentParser) -> None:
+def _add_bench_args(parser: argparse.ArgumentParser, warmup: int = 2) -> None:
     parser.add_argument("--layout", default="single",
                         help="single (default), tp:N (tensor parallel over N GPUs, launched with torchrun) "
                              "or pipeline:N (consecutive layers on N GPUs, accelerate device_map)")
-    parser.add_argument("--warmup", type=_non_negative_int, default=2, help="warm-up runs, not recorded (default 2)")
+    parser.add_argument("--warmup", type=_non_negative_int, default=warmup,
+                        help=f"warm-up runs, not recorded (default {warmup})")
     parser.add_argument("--runs", type=_positive_int, default=5, help="measured runs (default 5)")
     parser.add_argument("--no-probe", action="store_true", help="use the datasheet bandwidth instead of measuring a device copy")
     parser.add_argument("--out", type=Path, default=Path("results"), help="results folder (default ./results)")
@@ -125,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--inject-delay-per-position-us", type=float, default=0.0, metavar="US",
                        help="test the verdicts: each decode step waits US microseconds x its cache position "
                             "(TPOT then grows with the context; off by default)")
-    _add_bench_args(sweep)
+    _add_bench_args(sweep, warmup=1)  # per configuration; compiling engines compile in prepare, before it
     _add_sampling_args(sweep)
 
     demo = commands.add_parser("timing-demo", help="why GPU work must be timed with events or after a sync")

@@ -8,7 +8,7 @@ import torch
 
 from inferlab.look import tables
 from inferlab.suite import sweep
-from inferlab.cli import main
+from inferlab.cli import build_parser, main
 from inferlab.decode.engines import EagerEngine, make_engine
 from inferlab.errors import UsageError
 from inferlab.suite.hypotheses import NOT_ENOUGH_DATA
@@ -343,3 +343,6 @@ def test_default_engines_are_eager_hf_and_fast_on_cuda_and_eager_on_the_cpu():
     assert sweep.default_engines(torch.device("cpu")) == ("eager",)
     assert sweep.SweepConfig().engines == ("eager",) and sweep.SweepConfig().prompt_lengths == (128,)
     assert sweep.SweepConfig().output_lengths == (10, 50, 100, 500)
+    assert (sweep.SweepConfig().warmup_runs, sweep.SweepConfig().runs) == (1, 5)
+    args = build_parser().parse_args(["sweep"])
+    assert (args.warmup, args.runs, args.engines, args.order) == (1, 5, None, "interleaved")  # None: by device

@@ -88,7 +88,7 @@ class SweepConfig:
     output_lengths: tuple[int, ...] = (10, 50, 100, 500)
     prompt_lengths: tuple[int, ...] = (128,)
     batch_sizes: tuple[int, ...] = (1,)
-    warmup_runs: int = 2
+    warmup_runs: int = 1
     runs: int = 5
     seed: int = 0  # the prompts', the sampler's and the interleaved order's
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
