@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import pytest
@@ -273,15 +272,15 @@ class DelayedClock:
         self.clock.start()
 
     def mark(self) -> None:
+        from inferlab.measure import inject
+
         if self._marks > 0:
             if self.on == "device":
                 import torch
 
                 torch.cuda._sleep(int(self.delay_ms * self._cycles_per_ms))
             else:
-                end = time.perf_counter() + self.delay_ms / 1e3
-                while time.perf_counter() < end:
-                    pass
+                inject.host_wait(self.delay_ms / 1e3)
         self._marks += 1
         self.clock.mark()
 
@@ -290,28 +289,18 @@ class DelayedClock:
 
 
 def inject_where(option: str, engine, device) -> str:
-    """Where a per-step delay lengthens the step: on the host when the host is the bottleneck
-    (eager loops launch kernel by kernel), on the GPU stream when the GPU is (graph replay runs
-    ahead of the host, so a host wait would hide in the queue)."""
-    if option != "auto":
-        return option
-    graphs = bool(getattr(getattr(engine, "options", None), "graphs", False))
-    return "device" if device.type == "cuda" and graphs else "host"
+    """Where a per-step delay lengthens the step (`inferlab.measure.inject.where_to_inject` for auto)."""
+    from inferlab.measure import inject
+
+    return inject.where_to_inject(engine, device) if option == "auto" else option
 
 
 def _cuda_cycles_per_ms(device) -> float:
-    import torch
+    from inferlab.measure import inject
 
     if device.type != "cuda":
         raise pytest.UsageError("--inferlab-inject-on device needs a CUDA device")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    cycles = 50_000_000
-    torch.cuda._sleep(cycles)  # warm-up
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return cycles / start.elapsed_time(end)
+    return inject.cuda_cycles_per_ms(device)
 
 
 @pytest.fixture
