@@ -6,7 +6,7 @@ what the KV cache explains, so "total latency grows linearly" must not hold. Nev
 The delay is added by wrapping the engine's clock: every ``mark()`` after the first (each decode
 step) first waits ``per_position_us`` x the cache position that step wrote. Where the wait runs
 matters: an engine that launches kernel by kernel is bound by the host, so a host busy-wait
-lengthens its step (a sleep, then a short spin); an engine replaying CUDA graphs runs ahead of the host, so a host wait would
+lengthens its step; an engine replaying CUDA graphs runs ahead of the host, so a host wait would
 hide in the queue and a CUDA sleep kernel on the stream is used instead.
 """
 
@@ -36,15 +36,10 @@ def cuda_cycles_per_ms(device: torch.device) -> float:
     return cycles / start.elapsed_time(end)
 
 
-SPIN_S = 1e-3  # the last millisecond of a host wait spins: a sleep may overshoot by ~0.1 ms
-
-
 def host_wait(seconds: float) -> None:
-    """Wait on the host for `seconds`: sleep, then spin for the last `SPIN_S` (a long spin would
-    only take the core from other work, and a scheduler may then slow this process down more)."""
+    """Spin on the host clock for `seconds`. Not a sleep: a sleep overshoots, by far on a busy
+    machine (on a loaded 2-core VM, steps meant to wait 8-30 ms took 110-130 ms with a sleep)."""
     end = time.perf_counter() + seconds
-    if seconds > SPIN_S:
-        time.sleep(seconds - SPIN_S)
     while time.perf_counter() < end:
         pass
 
