@@ -183,6 +183,27 @@ def test_cuda_graph_replay_gives_the_eager_loops_tokens():
     assert torch.equal(fast, generate(loaded.model, prompt, config).tokens)
 
 
+@pytest.mark.gpu
+def test_on_cuda_a_second_shape_reuses_the_compiled_prefill_and_captures_its_own_graphs():
+    from torch._dynamo.utils import counters
+
+    from inferlab.model.registry import load_model
+    from inferlab.measure.clocks import CudaEventClock
+
+    device = torch.device("cuda")
+    loaded = load_model("tiny-random", device, torch.float32)
+    engine = FastEngine(loaded.model)  # the defaults on CUDA: Triton decode step, compiled prefill, graphs
+    requests = [(random_prompt(512, length, 1, torch.Generator().manual_seed(length), device),
+                 DecodeConfig(new, ignore_eos=True)) for length, new in ((16, 8), (40, 30), (16, 100))]
+    outputs, graphs = [], []
+    for prompt, config in requests:
+        outputs.append(engine.run(prompt, config, None, CudaEventClock(device, config.max_new_tokens)))
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] >= 1 and graphs[1:] == [graphs[0]] * 2  # the prefill compiled once
+    for (prompt, config), tokens in zip(requests, outputs):
+        assert torch.equal(tokens, generate(loaded.model, prompt, config).tokens)
+
+
 def test_compile_options_extend_the_mode_without_touching_global_inductor_settings():
     import torch._inductor.config as inductor_config
 
