@@ -337,7 +337,8 @@ class FastEngine:
         self.position = torch.zeros(1, dtype=torch.long, device=dev)
         # the prompt length as a tensor: compiled code that read an int (or a size) would be specialized to it
         self.first_position = torch.full((1,), S, dtype=torch.long, device=dev)
-        self.out = torch.zeros(B, positions, dtype=torch.long, device=dev)  # by the cache bucket, not N: compiled code is not specialized to N
+        # sized by the cache bucket, not by N, so compiled code is not specialized to N
+        self.out = torch.zeros(B, positions, dtype=torch.long, device=dev)
         self.uniform = None if config.sampling.greedy else torch.rand(B, vocab, device=dev)
         self.prompt_length = S
         self.new_tokens = N
