@@ -1,9 +1,17 @@
-"""Shared fixtures: models are loaded once per session, on the CPU, in fp32."""
+"""Shared fixtures (models are loaded once per session, on the CPU, in fp32), and which suites run.
+
+`pytest` at the repository root collects `unit_tests` and `perf_tests` (pyproject's testpaths),
+but runs the perf tests only when they are asked for: by a marker expression (`pytest -m gpu
+--benchmark-autosave`, the design card's command; `pytest -m perf`), by naming paths
+(`pytest perf_tests`), or by an option that saves or compares benchmarks. Plain `pytest`
+deselects them, so it stays quick and records nothing.
+"""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -41,3 +49,36 @@ def cuda_device():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     return torch.device("cuda")
+
+
+PERF_TESTS = Path(__file__).resolve().parent / "perf_tests"
+# pytest-benchmark options that ask for benchmarks to be saved or compared
+BENCHMARK_REQUESTS = ("benchmark_save", "benchmark_autosave", "benchmark_json", "benchmark_compare", "benchmark_only")
+
+
+def perf_tests_asked_for(config: pytest.Config) -> bool:
+    """Paths named on the command line, a -m expression, or a benchmark-saving/comparing option."""
+    if config.args_source != pytest.Config.ArgsSource.TESTPATHS:
+        return True
+    if config.getoption("markexpr", ""):
+        return True
+    return any(config.getoption(name, None) for name in BENCHMARK_REQUESTS)
+
+
+def _in_perf_tests(item: pytest.Item) -> bool:
+    return PERF_TESTS in Path(item.path).resolve().parents
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if perf_tests_asked_for(config):
+        return
+    deselected = [item for item in items if _in_perf_tests(item)]
+    if deselected:
+        items[:] = [item for item in items if not _in_perf_tests(item)]
+        config.hook.pytest_deselected(items=deselected)
+
+
+def pytest_report_header(config: pytest.Config) -> str | None:
+    if perf_tests_asked_for(config):
+        return None
+    return "perf_tests: not run (ask for them: pytest -m gpu --benchmark-autosave, pytest -m perf, pytest perf_tests)"

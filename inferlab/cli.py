@@ -54,11 +54,12 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--seed", type=int, default=0, help="seeds the sampler's generator and random prompts")
 
 
-def _add_bench_args(parser: argparse.ArgumentParser) -> None:
+def _add_bench_args(parser: argparse.ArgumentParser, warmup: int = 2) -> None:
     parser.add_argument("--layout", default="single",
                         help="single (default), tp:N (tensor parallel over N GPUs, launched with torchrun) "
                              "or pipeline:N (consecutive layers on N GPUs, accelerate device_map)")
-    parser.add_argument("--warmup", type=_non_negative_int, default=2, help="warm-up runs, not recorded (default 2)")
+    parser.add_argument("--warmup", type=_non_negative_int, default=warmup,
+                        help=f"warm-up runs, not recorded (default {warmup})")
     parser.add_argument("--runs", type=_positive_int, default=5, help="measured runs (default 5)")
     parser.add_argument("--no-probe", action="store_true", help="use the datasheet bandwidth instead of measuring a device copy")
     parser.add_argument("--out", type=Path, default=Path("results"), help="results folder (default ./results)")
@@ -117,11 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep = commands.add_parser("sweep", help="the output-length experiment (and prompt length, batch size)")
     _add_model_args(sweep, optional_model=True)
-    sweep.add_argument("--engines", nargs="+", default=["eager"], help=f"engines to compare, some of {', '.join(ENGINE_NAMES)} (default eager)")
+    sweep.add_argument("--engines", nargs="+", default=None,
+                       help=f"engines to compare, some of {', '.join(ENGINE_NAMES)} (default: eager hf fast on CUDA, eager on the CPU)")
     sweep.add_argument("--output-lengths", nargs="+", type=int, default=[10, 50, 100, 500])
     sweep.add_argument("--prompt-lengths", nargs="+", type=int, default=[128])
     sweep.add_argument("--batch-sizes", nargs="+", type=int, default=[1])
-    _add_bench_args(sweep)
+    sweep.add_argument("--order", choices=("interleaved", "sequential"), default="interleaved",
+                       help="interleaved (default): warm-ups first, then rounds visiting every configuration once in "
+                            "an order shuffled anew each round from --seed; sequential: one configuration after another")
+    sweep.add_argument("--inject-delay-per-position-us", type=float, default=0.0, metavar="US",
+                       help="test the verdicts: each decode step waits US microseconds x its cache position "
+                            "(TPOT then grows with the context; off by default)")
+    _add_bench_args(sweep, warmup=1)  # per configuration; compiling engines compile in prepare, before it
     _add_sampling_args(sweep)
 
     demo = commands.add_parser("timing-demo", help="why GPU work must be timed with events or after a sync")
@@ -324,7 +332,8 @@ def cmd_sweep(args) -> int:
     config = sweep.SweepConfig(
         model=args.model or "", engines=tuple(args.engines), output_lengths=tuple(args.output_lengths),
         prompt_lengths=tuple(args.prompt_lengths), batch_sizes=tuple(args.batch_sizes),
-        warmup_runs=args.warmup, runs=args.runs, seed=args.seed, sampling=_sampling(args),
+        warmup_runs=args.warmup, runs=args.runs, seed=args.seed, sampling=_sampling(args), order=args.order,
+        inject_delay_per_position_us=args.inject_delay_per_position_us,
     )
     loaded = _load(args)
     sweep.check_all_fit(loaded, config)  # before the folder exists: a refused sweep leaves nothing behind
@@ -514,6 +523,15 @@ COMMANDS = {
 }
 
 
+def _default_sweep_engines(args) -> tuple[str, ...]:
+    from inferlab.model import layouts
+    from inferlab.model.devices import resolve_device
+    from inferlab.suite import sweep
+
+    split = layouts.parse_layout(args.layout).kind != "single"
+    return sweep.default_engines(resolve_device(args.device), split)
+
+
 def _launch_if_needed(args, argv: list[str]) -> int | None:
     """For a multi-process layout: check it, then run this same command under torchrun."""
     if not hasattr(args, "layout"):
@@ -538,6 +556,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     try:
+        if args.command == "sweep" and args.engines is None:
+            args.engines = list(_default_sweep_engines(args))
         launched = _launch_if_needed(args, argv)
         if launched is not None:
             return launched

@@ -1,5 +1,6 @@
 """GPU decode latency: engines side by side, one pytest-benchmark entry per metric.
 
+    pytest -m gpu --benchmark-autosave                          # at the repository root
     pytest perf_tests -m gpu --benchmark-autosave --benchmark-save-data
     pytest perf_tests -m gpu --inferlab-engines eager,hf,hf-static,fast --inferlab-output-lengths 128
 

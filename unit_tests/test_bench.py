@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 
-from inferlab.measure.bench import SCHEMA, BenchConfig, decode_config, build_prompt, result_from_dict, run_benchmark
+from inferlab.measure.bench import (SCHEMA, BenchConfig, decode_config, build_prompt, repeat_within_budget, result_from_dict,
+                                    run_benchmark)
 from inferlab.decode.engines import make_engine
 from inferlab.errors import UsageError
 from inferlab.measure.clocks import HostClock
@@ -81,3 +82,30 @@ def test_saved_files_are_ordinary_readable_files(tmp_path):
         os.umask(mask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]  # no temporary left behind
+
+
+class Ticks:
+    """A fake clock: each request takes `seconds` of it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.now, self.seconds, self.requests = 0.0, seconds, 0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def request(self):
+        self.requests += 1
+        self.now += self.seconds
+        return self.requests
+
+
+@pytest.mark.parametrize("seconds_each, budget, expected", [
+    (0.1, 5.0, 10),   # quick requests: all the rounds asked for
+    (2.0, 5.0, 3),    # 3 requests pass the budget (6 s): stop there
+    (10.0, 5.0, 3),   # slow requests: never fewer than the minimum
+    (10.0, 0.0, 10),  # no budget
+])
+def test_repeat_within_budget_stops_at_the_rounds_or_the_budget_never_below_the_minimum(seconds_each, budget, expected):
+    clock = Ticks(seconds_each)
+    runs = repeat_within_budget(clock.request, rounds=10, budget_s=budget, min_rounds=3, clock=clock)
+    assert runs == list(range(1, expected + 1))

@@ -10,7 +10,7 @@ import torch
 
 from inferlab.look import tables
 from inferlab.measure import energy
-from inferlab.measure.bench import BenchConfig, result_from_dict, run_benchmark
+from inferlab.measure.bench import COST_SPAN_S, BenchConfig, measure_costs, prepare_case, result_from_dict, run_benchmark
 
 
 class FakeTime:
@@ -100,28 +100,42 @@ def test_cpu_and_missing_nvidia_ml_py_are_reasons(monkeypatch):
     assert "nvidia-ml-py is not installed" in energy.open_meter(torch.device("cuda", 0)).reason
 
 
-def test_bench_reads_the_counter_around_the_measured_runs_only(tiny):
-    clock = FakeTime()
-    nvml = FakeNvml(clock, watts=250.0, interval_s=0.01)
-    meter = energy.meter_from_nvml(nvml, locate, clock, clock.sleep)
+def test_the_counter_is_read_around_one_block_of_requests_apart_from_the_timed_runs(tiny):
+    fake = FakeTime()
+    nvml = FakeNvml(fake, watts=250.0, interval_s=0.01)
+    meter = energy.meter_from_nvml(nvml, locate, fake, fake.sleep)
     reads = []
     original = nvml.nvmlDeviceGetTotalEnergyConsumption
 
     def counting(handle):
-        reads.append(clock.now)
-        clock.now += 1.0  # each read one fake second later: the span between the two reads is 1 s
+        reads.append(fake.now)
+        fake.now += 1.0  # each read one fake second later: the span between the two reads is 1 s
         return original(handle)
 
     nvml.nvmlDeviceGetTotalEnergyConsumption = counting
     config = BenchConfig(prompt_length=4, output_length=3, batch_size=2, warmup_runs=1, runs=2)
-    result = run_benchmark(tiny, config, energy_meter=meter)
-    assert len(reads) == 2  # once before the first measured run, once after the last
-    reading = result.energy
-    assert reading.output_tokens == 2 * 2 * 3  # runs x batch x output length
-    assert reading.joules == pytest.approx(250.0)  # 1 s at 250 W
+    case = prepare_case(tiny, config)
+    runs = [case.measure_one() for _ in range(config.runs)]
+    assert reads == []  # the timed runs (and warm-ups) never touch the counter
+    seconds = iter(range(100))  # the block's clock: one second further at each look
+    costs = measure_costs(case, meter, clock=lambda: float(next(seconds)))
+    assert len(reads) == 2  # once before the block, once after it
+    reading = costs.energy
+    # the block runs until COST_SPAN_S (2 s) have passed: two requests of batch 2 x 3 tokens
+    assert COST_SPAN_S == 2.0 and reading.output_tokens == 2 * 2 * 3
+    assert reading.joules == pytest.approx(250.0)  # 1 s at 250 W between the meter's two reads
     assert reading.joules_per_token == pytest.approx(250.0 / 12)
+    result = case.result(runs, costs)
     assert result_from_dict(json.loads(json.dumps(result.to_dict()))).energy == reading
     assert "J/token" in tables.format_result(result) and "1 mJ resolution" in tables.format_result(result)
+
+
+def test_without_a_gpu_or_a_meter_no_extra_request_runs(tiny, monkeypatch):
+    config = BenchConfig(prompt_length=4, output_length=3, warmup_runs=0, runs=1)
+    case = prepare_case(tiny, config)
+    monkeypatch.setattr(case, "measure_one", lambda: pytest.fail("a request ran for the costs"))
+    costs = measure_costs(case, energy.open_meter(torch.device("cpu")))
+    assert isinstance(costs.energy, energy.Unavailable) and costs.memory.peak_rss_bytes > 0
 
 
 def test_the_sweep_table_says_once_why_energy_is_missing(tiny):

@@ -7,7 +7,7 @@ import torch
 from inferlab.decode.loop import DecodeConfig, generate
 from inferlab.decode.engines import make_engine
 from inferlab.errors import UsageError
-from inferlab.fast.engine import FastEngine, FastLlama, FastOptions, pick
+from inferlab.fast.engine import FastEngine, FastLlama, FastOptions, cache_length, pick
 from inferlab.decode.prompts import from_ids, random_prompt
 from inferlab.decode.sampling import SamplingConfig
 from inferlab.measure.clocks import HostClock
@@ -48,6 +48,67 @@ def test_one_token_is_stamped_per_step(tiny):
     prompt, config, clock = prompt_of(tiny.model, 4), DecodeConfig(6, ignore_eos=True), HostClock()
     FastEngine(tiny.model, CPU_EAGER).run(prompt, config, None, clock)
     assert len(clock.finish()) == 6
+
+
+def test_going_back_to_a_prepared_shape_restores_it_instead_of_rebuilding(tiny, monkeypatch):
+    engine = FastEngine(tiny.model, CPU_EAGER)
+    short = (prompt_of(tiny.model, 5), DecodeConfig(4, ignore_eos=True))
+    long_ = (prompt_of(tiny.model, 9), DecodeConfig(12, ignore_eos=True))
+    first = engine.run(*short, None, HostClock())
+    first_cache = engine.net.k_cache
+    engine.run(*long_, None, HostClock())
+    assert engine.net.k_cache is not first_cache
+    built = []
+    monkeypatch.setattr(FastLlama, "setup_cache", lambda self, *shape: built.append(shape))
+    again = engine.run(*short, None, HostClock())  # interleaved: back to the first shape
+    assert built == []  # nothing rebuilt
+    assert engine.net.k_cache is first_cache  # its own cache is back in place
+    assert torch.equal(again, first) and torch.equal(again, generate(tiny.model, *short).tokens)
+    assert [key[:3] for key in engine.prepared_shapes] == [(1, 5, 4), (1, 9, 12)]
+
+
+@pytest.mark.parametrize("needed, max_context, expected", [
+    (138, 2048, 256),    # prompt 128 + 10 tokens: the smallest bucket
+    (228, 2048, 256),    # prompt 128 + 100 tokens: the same bucket, the same shapes
+    (628, 2048, 1024),   # prompt 128 + 500
+    (1012, 2048, 1024),  # prompt 512 + 500
+    (1500, 1024, 1500),  # beyond the context (refused upstream): never smaller than needed
+    (300, 512, 512),     # capped at the context
+])
+def test_the_cache_length_is_a_bucket_not_the_exact_request(needed, max_context, expected):
+    assert cache_length(needed, max_context) == expected
+
+
+def test_a_new_shape_compiles_nothing_and_builds_the_weights_once(tiny, monkeypatch):
+    compiled, built = [], []
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: compiled.append((fn.__name__, options)) or fn)
+    init = FastLlama.__init__
+    monkeypatch.setattr(FastLlama, "__init__", lambda self, *a, **k: built.append(1) or init(self, *a, **k))
+    engine = FastEngine(tiny.model, FastOptions(compile=True, graphs=False, compile_mode="default"))
+    shapes = [(5, 4), (9, 12), (5, 20)]
+    for length, new_tokens in shapes:
+        prompt, config = prompt_of(tiny.model, length), DecodeConfig(new_tokens, ignore_eos=True)
+        assert torch.equal(engine.run(prompt, config, None, HostClock()), generate(tiny.model, prompt, config).tokens)
+        assert engine.net.k_cache.shape[3] == 256  # one cache shape for all three requests
+    assert [name for name, _ in compiled] == ["_prefill_body", "_decode_body"]  # once per engine, not per shape
+    assert compiled[0][1]["dynamic"] is True  # the prefill: prompt and cache length symbolic
+    assert built == [1]
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inductor's CPU backend uses torch.jit internally
+def test_a_second_shape_reuses_the_compiled_prefill_and_decode_step(tiny):
+    from torch._dynamo.utils import counters
+
+    engine = FastEngine(tiny.model, FastOptions(compile=True, graphs=False, compile_mode="default"))
+    first = (prompt_of(tiny.model, 6), DecodeConfig(8, ignore_eos=True))
+    second = (prompt_of(tiny.model, 11, seed=1), DecodeConfig(30, ignore_eos=True))  # another prompt and output length
+    engine.run(*first, None, HostClock())
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 2  # the prefill and the decode step
+    tokens = engine.run(*second, None, HostClock())
+    assert counters["stats"]["unique_graphs"] == graphs  # nothing recompiled
+    assert torch.equal(tokens, generate(tiny.model, *second).tokens)
 
 
 def test_seeded_sampling_repeats_with_the_seed_and_changes_without_it(tiny):
@@ -120,6 +181,27 @@ def test_cuda_graph_replay_gives_the_eager_loops_tokens():
     engine = FastEngine(loaded.model, FastOptions(compile=False, graphs=True))
     fast = engine.run(prompt, config, None, CudaEventClock(device, 16))
     assert torch.equal(fast, generate(loaded.model, prompt, config).tokens)
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_second_shape_reuses_the_compiled_prefill_and_captures_its_own_graphs():
+    from torch._dynamo.utils import counters
+
+    from inferlab.model.registry import load_model
+    from inferlab.measure.clocks import CudaEventClock
+
+    device = torch.device("cuda")
+    loaded = load_model("tiny-random", device, torch.float32)
+    engine = FastEngine(loaded.model)  # the defaults on CUDA: Triton decode step, compiled prefill, graphs
+    requests = [(random_prompt(512, length, 1, torch.Generator().manual_seed(length), device),
+                 DecodeConfig(new, ignore_eos=True)) for length, new in ((16, 8), (40, 30), (16, 100))]
+    outputs, graphs = [], []
+    for prompt, config in requests:
+        outputs.append(engine.run(prompt, config, None, CudaEventClock(device, config.max_new_tokens)))
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] >= 1 and graphs[1:] == [graphs[0]] * 2  # the prefill compiled once
+    for (prompt, config), tokens in zip(requests, outputs):
+        assert torch.equal(tokens, generate(loaded.model, prompt, config).tokens)
 
 
 def test_compile_options_extend_the_mode_without_touching_global_inductor_settings():

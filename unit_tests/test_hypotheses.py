@@ -1,18 +1,27 @@
-"""The three output-length hypotheses, on runs built by hand with known TTFT and TPOT."""
+"""The three output-length hypotheses, on runs built by hand with known TTFT, TPOT and noise."""
 
+import numpy as np
 import pytest
 
+from inferlab.measure.metrics import RunTimes
+from inferlab.suite import sweep
 from inferlab.suite.hypotheses import (
     DOES_NOT_HOLD,
     HOLDS,
+    INCONCLUSIVE,
+    MIN_RUNS,
     NOT_ENOUGH_DATA,
+    Interval,
+    bootstrap,
     check_all,
     check_linear_latency,
     check_tokens_plateau,
     check_ttft_independent,
-    linear_fit,
+    decide,
+    fit_line,
+    run_values,
+    runs_to_decide,
 )
-from inferlab.measure.metrics import RunTimes
 
 LENGTHS = (10, 50, 100, 500)
 # Sums of a few hundred exactly representable values: only the last bits can round.
@@ -28,54 +37,92 @@ def runs(ttft_ms: float, step_ms, n: int, repeats: int = 3) -> tuple[RunTimes, .
     return tuple(RunTimes(tuple(times)) for _ in range(repeats))
 
 
-def linear_runs(ttft_ms: float, tpot_ms: float, lengths=LENGTHS):
-    return [runs(ttft_ms, tpot_ms, n) for n in lengths]
+def linear_runs(ttft_ms: float, tpot_ms: float, lengths=LENGTHS, repeats: int = 3):
+    return [runs(ttft_ms, tpot_ms, n, repeats) for n in lengths]
 
 
-def test_linear_fit_recovers_an_exact_line():
-    fit = linear_fit([1, 2, 3, 4], [5.0, 7.0, 9.0, 11.0])
-    assert (fit.slope, fit.intercept, fit.r_squared) == pytest.approx((2.0, 3.0, 1.0), **EXACT)
+def noisy_runs(ttft_ms, tpot_ms, repeats: int, noise: float, seed: int = 0, lengths=LENGTHS):
+    """Each run's TTFT and TPOT scaled by its own factor ~ N(1, noise) (a run-wide slowdown)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for n in lengths:
+        factors = rng.normal(1.0, noise, size=repeats)
+        ttft = ttft_ms(n) if callable(ttft_ms) else ttft_ms
+        out.append(tuple(runs(ttft * f, tpot_ms * f, n, 1)[0] for f in factors))
+    return out
 
 
-def test_exactly_linear_latency_holds_with_slope_tpot_and_intercept_ttft_minus_tpot():
-    verdict = check_linear_latency(LENGTHS, linear_runs(20.0, 5.0))  # E2E = 20 + 5 (N - 1) = 15 + 5 N
+def test_fit_line_recovers_an_exact_line_along_the_last_axis():
+    slope, intercept = fit_line(np.array([1.0, 2, 3, 4]), np.array([[5.0, 7, 9, 11], [1.0, 1, 1, 1]]))
+    assert slope.tolist() == pytest.approx([2.0, 0.0], **EXACT) and intercept.tolist() == pytest.approx([3.0, 1.0], **EXACT)
+
+
+def test_bootstrap_of_identical_runs_is_the_point_and_repeats_with_its_seed():
+    values = [run_values(r) for r in linear_runs(20.0, 5.0)]
+    interval = bootstrap(values, lambda m: m[..., 0].mean(axis=-1), seed=0)
+    assert interval == Interval(20.0, 20.0, 20.0)
+    noisy = [run_values(r) for r in noisy_runs(20.0, 5.0, 5, 0.05)]
+    first = bootstrap(noisy, lambda m: m[..., 0].mean(axis=-1), seed=7)
+    assert first == bootstrap(noisy, lambda m: m[..., 0].mean(axis=-1), seed=7)
+    assert first.low < first.estimate < first.high
+
+
+@pytest.mark.parametrize("interval, verdict", [
+    (Interval(0.0, -0.05, 0.05), HOLDS),
+    (Interval(0.3, 0.2, 0.4), DOES_NOT_HOLD),
+    (Interval(-0.3, -0.4, -0.2), DOES_NOT_HOLD),
+    (Interval(0.08, 0.02, 0.14), INCONCLUSIVE),
+])
+def test_decide_holds_inside_fails_outside_and_is_inconclusive_across_a_bound(interval, verdict):
+    assert decide(interval, -0.1, 0.1) == verdict
+
+
+def test_runs_to_decide_scales_the_runs_by_the_square_of_half_width_over_distance():
+    # estimate 0.08, bound 0.1: distance 0.02; half-width towards it 0.06: 5 * (0.06 / 0.02)^2 = 45
+    assert runs_to_decide(Interval(0.08, 0.02, 0.14), -0.1, 0.1, 5) == 45
+    # on the wrong side: estimate 0.12 beyond 0.1, the lower half-width 0.04 must shrink below 0.02
+    assert runs_to_decide(Interval(0.12, 0.08, 0.2), -0.1, 0.1, 5) == 20
+    assert runs_to_decide(Interval(0.1, 0.05, 0.15), -0.1, 0.1, 5) is None  # on the bound
+
+
+def test_honest_constant_ttft_and_tpot_hold_all_three():
+    data = noisy_runs(20.0, 5.0, repeats=10, noise=0.02, seed=1)
+    verdicts = check_all(LENGTHS, data)
+    assert [v.verdict for v in verdicts] == [HOLDS, HOLDS, HOLDS], [v.explanation for v in verdicts]
+
+
+def test_tpot_growing_by_exactly_the_kv_cache_prediction_holds():
+    # bytes per step = weights + kv * (P + N/2) with P = 100: TPOT proportional to it
+    weights, kv, prompt = 1000.0, 2.0, 100
+    bytes_per_step = [weights + kv * (prompt + n / 2) for n in LENGTHS]
+    data = [runs(20.0, 0.005 * b, n) for n, b in zip(LENGTHS, bytes_per_step)]
+    verdict = check_linear_latency(LENGTHS, data, bytes_per_step)
     assert verdict.verdict == HOLDS
-    numbers = verdict.numbers
-    assert numbers["slope_ms_per_token"] == pytest.approx(5.0, **EXACT)
-    assert numbers["intercept_ms"] == pytest.approx(15.0, **EXACT)
-    assert numbers["r_squared"] == pytest.approx(1.0, **EXACT)
-    assert (numbers["tpot_ref_ms"], numbers["ttft_ref_ms"], numbers["expected_intercept_ms"]) == pytest.approx((5.0, 20.0, 15.0), **EXACT)
+    predicted = bytes_per_step[-1] / bytes_per_step[0] - 1  # (1000 + 1000) / (1000 + 210) - 1
+    assert verdict.numbers["predicted_growth"] == pytest.approx(predicted, **EXACT)
+    assert verdict.numbers["measured_growth"] == pytest.approx(predicted, **EXACT)
+    # without the prediction the same data grows +65%: it would not hold
+    assert check_linear_latency(LENGTHS, data).verdict == DOES_NOT_HOLD
 
 
-def test_quadratic_latency_does_not_hold_and_names_tpot_drift():
-    # each decode step is slower than the last, as with a cache that is copied at every step
+def test_tpot_growing_with_the_context_beyond_the_prediction_does_not_hold_and_names_both_growths():
+    # each decode step slower than the last: TPOT(N) = mean of 5 + 0.05 i over 0 < i < N = 5 + 0.025 N
     data = [runs(20.0, lambda i: 5.0 + 0.05 * i, n) for n in LENGTHS]
-    verdict = check_linear_latency(LENGTHS, data)
+    bytes_per_step = [1000.0 + 0.01 * n for n in LENGTHS]  # the KV cache explains almost nothing
+    verdict = check_linear_latency(LENGTHS, data, bytes_per_step)
     assert verdict.verdict == DOES_NOT_HOLD
-    assert verdict.numbers["r_squared"] > 0.99  # R^2 alone would pass: the slope against TPOT catches the bend
-    assert "slope +168% off TPOT" in verdict.explanation
-    assert "TPOT p50 5.250 -> 17.500 ms from N=10 to N=500" in verdict.explanation  # 5 + 0.025 N
-
-
-def test_line_with_the_wrong_intercept_does_not_hold():
-    # TTFT grows with N, so E2E is still a perfect line but its intercept is not TTFT_ref - TPOT_ref
-    data = [runs(20.0 + 0.2 * n, 5.0, n) for n in LENGTHS]
-    verdict = check_linear_latency(LENGTHS, data)
-    assert verdict.numbers["r_squared"] == pytest.approx(1.0, **EXACT)
-    assert verdict.verdict == DOES_NOT_HOLD and "intercept off" in verdict.explanation
-
-
-def test_lengths_may_come_in_any_order():
-    shuffled = (500, 10, 100, 50)
-    assert check_all(shuffled, linear_runs(20.0, 5.0, shuffled)) == check_all(LENGTHS, linear_runs(20.0, 5.0))
+    measured = 0.025 * 490 / (5 + 0.025 * 10)
+    assert verdict.numbers["measured_growth"] == pytest.approx(measured, rel=1e-9)
+    assert f"fitted growth {100 * measured:+.1f}%, the KV cache predicts +0.5%" in verdict.explanation  # 4.9 / 1000.1
+    assert "TPOT p50 5.250 -> 17.500 ms from N=10 to N=500" in verdict.explanation
 
 
 def test_ttft_growing_with_output_length_does_not_hold():
     data = [runs(20.0 + 0.1 * n, 5.0, n) for n in LENGTHS]  # 21 ms at N=10, 70 ms at N=500
     verdict = check_ttft_independent(LENGTHS, data)
     assert verdict.verdict == DOES_NOT_HOLD
-    assert verdict.numbers["slope_ms_per_token"] == pytest.approx(0.1, **EXACT)
     assert verdict.numbers["change_ms"] == pytest.approx(49.0, **EXACT)
+    assert "fitted change from N=10 to N=500 +49.00 ms" in verdict.explanation
 
 
 def test_ttft_with_small_noise_holds():
@@ -91,29 +138,69 @@ def test_sub_millisecond_ttft_jitter_is_within_the_absolute_slack():
     assert verdict.verdict == HOLDS
 
 
-def test_tokens_per_s_rising_then_plateauing_holds():
-    # R(N) = N / (20 + 5 (N - 1)): 153.8, 188.7, 194.2, 198.8 tok/s (last step +2.4%)
+def test_tokens_per_s_rising_then_plateauing_holds_and_reports_how_close_to_the_plateau():
+    # R(N) = N / (20 + 5 (N - 1)): 153.8, 188.7, 194.2, 198.8 tok/s
     verdict = check_tokens_plateau(LENGTHS, linear_runs(20.0, 5.0))
     assert verdict.verdict == HOLDS
     assert verdict.numbers["tokens_per_s_first"] == pytest.approx(10 / 65e-3, **EXACT)
-    assert verdict.numbers["last_step_gain"] == pytest.approx((500 / 2515) / (100 / 515) - 1, **EXACT)
     assert verdict.numbers["fraction_of_decode_rate"] == pytest.approx(500 / 503, **EXACT)  # N / (N + TTFT/TPOT - 1)
 
 
-def test_tokens_per_s_still_rising_strongly_does_not_hold():
-    verdict = check_tokens_plateau(LENGTHS, linear_runs(1000.0, 1.0))  # a long prefill, not yet amortized
-    assert verdict.verdict == DOES_NOT_HOLD and "still rising" in verdict.explanation
-
-
-def test_tokens_per_s_that_never_rises_does_not_hold():
-    verdict = check_tokens_plateau(LENGTHS, linear_runs(5.0, 5.0))  # TTFT = TPOT: flat from the start
-    assert verdict.verdict == DOES_NOT_HOLD and "does not rise" in verdict.explanation
+def test_tokens_per_s_flat_from_the_start_holds():
+    # TTFT = TPOT (an eager loop on a GPU): nothing to amortize, already at its plateau at N = 10
+    verdict = check_tokens_plateau(LENGTHS, linear_runs(5.0, 5.0))
+    assert verdict.verdict == HOLDS and verdict.numbers["total_gain"] == pytest.approx(0.0, abs=1e-12)
 
 
 def test_tokens_per_s_that_falls_does_not_hold():
     data = linear_runs(20.0, 5.0, LENGTHS[:3]) + [runs(20.0, 6.0, 500)]  # the longest length decodes 20% slower
     verdict = check_tokens_plateau(LENGTHS, data)
-    assert verdict.verdict == DOES_NOT_HOLD and "falls by" in verdict.explanation
+    assert verdict.verdict == DOES_NOT_HOLD
+    assert verdict.numbers["worst_step_change"] == pytest.approx((500 / 3014) / (100 / 515) - 1, **EXACT)
+
+
+def test_too_few_runs_are_inconclusive_whatever_the_numbers():
+    data = [runs(20.0 + 0.1 * n, 5.0, n, repeats=2) for n in LENGTHS]  # a clear effect, but 2 runs per length
+    verdicts = check_all(LENGTHS, data)
+    assert [v.verdict for v in verdicts] == [INCONCLUSIVE] * 3
+    assert all(f"needs at least {MIN_RUNS} per length" in v.explanation for v in verdicts)
+    assert verdicts[1].numbers["change_ms"] == pytest.approx(49.0, **EXACT)  # the estimate is still reported
+
+
+def test_noisy_runs_near_the_tolerance_are_inconclusive_and_say_how_many_runs_would_decide():
+    # TTFT rises by 12% of 20 ms across the sweep (tolerance 10%), each run +-10% noise, 3 runs
+    def ttft(n):
+        return 20.0 + 2.4 * (n - 10) / 490
+
+    verdict = check_ttft_independent(LENGTHS, noisy_runs(ttft, 5.0, repeats=3, noise=0.10, seed=3))
+    assert verdict.verdict == INCONCLUSIVE
+    needed = verdict.numbers["runs_to_decide"]
+    assert needed > 3 and f"about {needed} runs per length would decide it" in verdict.explanation
+
+
+def test_host_drift_with_sequential_order_is_misread_and_the_interleaved_order_cures_it():
+    # The host slows by 30% over the sweep (TTFT 20 -> 26 ms, as seen on the H200); TTFT and TPOT
+    # do not depend on N at all. Run t of the sweep's order runs at 1 + 0.3 t / T times its speed.
+    def measured(order):
+        slots = sweep.measurement_order(len(LENGTHS), 10, order, seed=0)
+        rng = np.random.default_rng(1)
+        data = [[] for _ in LENGTHS]
+        for t, slot in enumerate(slots):
+            factor = (1 + 0.3 * t / len(slots)) * rng.normal(1.0, 0.02)
+            data[slot.config] += runs(20.0 * factor, 5.0 * factor, LENGTHS[slot.config], 1)
+        return check_all(LENGTHS, data)
+
+    sequential, interleaved = measured("sequential"), measured("interleaved")
+    assert [v.verdict for v in sequential[:2]] == [DOES_NOT_HOLD, DOES_NOT_HOLD]
+    assert [v.verdict for v in interleaved[:2]] == [HOLDS, HOLDS]
+    assert DOES_NOT_HOLD not in {v.verdict for v in interleaved}
+
+
+def test_lengths_may_come_in_any_order():
+    shuffled = (500, 10, 100, 50)
+    bytes_per_step = {n: 1000.0 + n for n in LENGTHS}
+    assert check_all(shuffled, linear_runs(20.0, 5.0, shuffled), [bytes_per_step[n] for n in shuffled]) == check_all(
+        LENGTHS, linear_runs(20.0, 5.0), [bytes_per_step[n] for n in LENGTHS])
 
 
 @pytest.mark.parametrize("lengths", [(), (10,), (10, 50)])

@@ -8,7 +8,7 @@ import torch
 
 from inferlab.look import tables
 from inferlab.suite import sweep
-from inferlab.cli import main
+from inferlab.cli import build_parser, main
 from inferlab.decode.engines import EagerEngine, make_engine
 from inferlab.errors import UsageError
 from inferlab.suite.hypotheses import NOT_ENOUGH_DATA
@@ -34,6 +34,31 @@ class FailsAtLength:
         if config.max_new_tokens == self.output_length:
             raise self.error
         return self.inner.run(prompt, config, generator, clock)
+
+
+class Recording:
+    """The eager engine, recording the output length of every run (warm-ups included) and every
+    prepare; the `fail_on`-th run (counting from 1) raises `error` instead."""
+
+    def __init__(self, model, fail_on: int | None = None, error: BaseException | None = None) -> None:
+        self.inner = EagerEngine(model)
+        self.calls, self.prepared = [], []
+        self.fail_on, self.error = fail_on, error
+
+    def prepare(self, prompt, config):
+        self.prepared.append(config.max_new_tokens)
+
+    def run(self, prompt, config, generator, clock):
+        self.calls.append(config.max_new_tokens)
+        if len(self.calls) == self.fail_on:
+            raise self.error
+        return self.inner.run(prompt, config, generator, clock)
+
+
+def record_runs(monkeypatch, tiny, **kwargs) -> Recording:
+    engine = Recording(tiny.model, **kwargs)
+    monkeypatch.setattr(sweep, "make_engine", lambda name, model: engine)
+    return engine
 
 
 def fail_at(monkeypatch, output_length, error):
@@ -73,6 +98,7 @@ def test_table_has_a_row_per_configuration_then_verdicts_then_the_folder(tiny, t
     text = tables.format_sweep_table(report)
     lines = text.splitlines()
     assert sum(line.startswith("eager ") for line in lines) == 3
+    assert "0 warm-up + 2 runs each, interleaved |" in lines[0]
     assert "hypotheses, eager, prompt 4, batch 1:" in lines
     for verdict in report.verdicts[0].verdicts:
         assert f"{verdict.verdict.upper():<15} {verdict.name}: {verdict.explanation}" in text
@@ -132,13 +158,81 @@ def test_interrupt_keeps_finished_configurations_and_raises_again(tiny, tmp_path
     fail_at(monkeypatch, 4, KeyboardInterrupt())
     folder = new_run_folder(tmp_path, "sweep")
     with pytest.raises(KeyboardInterrupt):
-        sweep.run_sweep(tiny, sweep.SweepConfig(**SMALL), folder, (None, "unknown"), sweep.NullProgress())
+        sweep.run_sweep(tiny, sweep.SweepConfig(**SMALL, order="sequential"), folder, (None, "unknown"), sweep.NullProgress())
     assert [p.name for p in (folder / "results").iterdir()] == ["eager-b1-p4-n2.json"]
     data = json.loads((folder / "sweep.json").read_text())
     assert data["complete"] is False
     assert [r["config"]["output_length"] for r in data["results"]] == [2]
     assert len(list(csv.DictReader((folder / "sweep.csv").open()))) == 1
     assert "INTERRUPTED: 1 of 3 configurations" in (folder / "sweep.md").read_text()
+
+
+def test_interleaved_rounds_visit_every_configuration_once_in_an_order_shuffled_anew_each_round():
+    slots = sweep.measurement_order(5, 6, "interleaved", seed=3)
+    rounds = [[s.config for s in slots if s.round == r] for r in range(6)]
+    assert all(sorted(visit) == [0, 1, 2, 3, 4] for visit in rounds)
+    assert all([s.position for s in slots if s.round == r] == [0, 1, 2, 3, 4] for r in range(6))
+    assert len({tuple(visit) for visit in rounds}) > 1  # 6 draws of 120 orders: all equal has odds 120^-5
+    assert sweep.measurement_order(5, 6, "interleaved", seed=3) == slots  # the seed recorded repeats it
+    assert sweep.measurement_order(5, 6, "interleaved", seed=4) != slots
+
+
+def test_sequential_order_measures_each_configuration_back_to_back():
+    slots = sweep.measurement_order(3, 2, "sequential", seed=0)
+    assert [(s.config, s.round, s.position) for s in slots] == [(0, 0, 0), (0, 1, 0), (1, 0, 1), (1, 1, 1), (2, 0, 2), (2, 1, 2)]
+
+
+def test_interleaved_sweep_prepares_and_warms_up_every_configuration_first_then_measures_in_rounds(tiny, tmp_path,
+                                                                                                  monkeypatch):
+    engine = record_runs(monkeypatch, tiny)
+    report = run_small(tiny, tmp_path, warmup_runs=1, runs=3, seed=5)
+    assert engine.prepared == [2, 4, 8]  # once per configuration, not once per round
+    assert engine.calls[:3] == [2, 4, 8]  # the warm-ups, before any measured run
+    slots = sweep.measurement_order(3, 3, "interleaved", 5)
+    assert engine.calls[3:] == [(2, 4, 8)[s.config] for s in slots]
+    data = json.loads((report.folder / "sweep.json").read_text())
+    assert data["config"]["order"] == "interleaved" and data["config"]["seed"] == 5
+    starts = {}
+    for result in data["results"]:
+        schedule = result["schedule"]
+        assert len(schedule) == len(result["runs"]) == 3
+        assert [entry["round"] for entry in schedule] == [0, 1, 2]
+        index = (2, 4, 8).index(result["config"]["output_length"])
+        assert [entry["position"] for entry in schedule] == [s.position for s in slots if s.config == index]
+        starts.update({(e["round"], e["position"]): e["start_s"] for e in schedule})
+        saved = json.loads((report.folder / "results" / f"eager-b1-p4-n{result['config']['output_length']}.json").read_text())
+        assert saved["schedule"] == schedule
+    in_order = [starts[key] for key in sorted(starts)]
+    assert in_order[0] == 0.0 and in_order == sorted(in_order) and len(set(in_order)) == 9
+
+
+def test_interrupt_in_a_round_keeps_every_run_measured_and_raises_again(tiny, tmp_path, monkeypatch):
+    record_runs(monkeypatch, tiny, fail_on=5, error=KeyboardInterrupt())  # the second run of round 1
+    folder = new_run_folder(tmp_path, "sweep")
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(tiny, sweep.SweepConfig(**{**SMALL, "runs": 3}), folder, (None, "unknown"), sweep.NullProgress())
+    slots = sweep.measurement_order(3, 3, "interleaved", 0)[:4]
+    measured = {n: sum((2, 4, 8)[s.config] == n for s in slots) for n in (2, 4, 8)}
+    data = json.loads((folder / "sweep.json").read_text())
+    assert data["complete"] is False
+    assert {r["config"]["output_length"]: len(r["runs"]) for r in data["results"]} == measured
+    for n, count in measured.items():
+        saved = json.loads((folder / "results" / f"eager-b1-p4-n{n}.json").read_text())
+        assert len(saved["runs"]) == len(saved["schedule"]) == count
+
+
+def test_out_of_memory_in_a_later_round_makes_that_configuration_a_row_and_the_others_finish(tiny, tmp_path,
+                                                                                            monkeypatch):
+    error = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    slots = sweep.measurement_order(3, 2, "interleaved", 0)
+    engine = record_runs(monkeypatch, tiny, fail_on=4, error=error)  # the first run of round 1
+    report = run_small(tiny, tmp_path)
+    failed = (2, 4, 8)[slots[3].config]
+    assert {r.config.output_length: (r.status, len(r.runs)) for r in report.results} == {
+        n: ("oom", 0) if n == failed else ("ok", 2) for n in (2, 4, 8)}
+    assert engine.calls.count(failed) == 2  # not measured again after its failure
+    saved = json.loads((report.folder / "results" / f"eager-b1-p4-n{failed}.json").read_text())
+    assert saved["status"] == "oom" and saved["schedule"] == []
 
 
 def test_output_beyond_the_context_is_refused_before_anything_runs(tiny, tmp_path, monkeypatch):
@@ -160,6 +254,8 @@ def test_output_beyond_the_context_is_refused_before_anything_runs(tiny, tmp_pat
         (dict(warmup_runs=-1), "warm-up runs must be 0 or more, got -1"),
         (dict(engines=("eager", "vllm")), "unknown engine 'vllm': use one of eager, hf"),
         (dict(engines=()), "no engines given"),
+        (dict(order="random"), "unknown order 'random': use interleaved or sequential"),
+        (dict(inject_delay_per_position_us=-1.0), "the injected delay per position must be >= 0 us, got -1.0"),
     ],
 )
 def test_bad_sweep_configurations_are_refused_with_one_line(kwargs, message):
@@ -187,7 +283,8 @@ def test_cli_sweep_prints_the_table_and_a_verdict_per_hypothesis(capsys, tmp_pat
     assert "hypotheses, eager, prompt 4, batch 1:" in out
     for name in ("total latency grows linearly with output length", "TTFT does not depend on output length",
                  "output tokens/s rises and then plateaus"):
-        assert sum(name in line and ("HOLDS" in line or "DOES NOT HOLD" in line) for line in out.splitlines()) == 1
+        # one run per length: the noise cannot be estimated, so no verdict either way
+        assert sum(name in line and "INCONCLUSIVE" in line and "too few runs" in line for line in out.splitlines()) == 1
     assert len(list(tmp_path.glob("*-sweep/sweep.json"))) == 1
 
 
@@ -206,3 +303,50 @@ def test_cli_bad_sweep_values_give_one_line_and_exit_code_2(capsys, tmp_path, ar
     lines = [line for line in err.splitlines() if not line.startswith("loading ")]
     assert code == 2 and len(lines) == 1, err
     assert lines[0].startswith("inferlab: error: ") and fragment in lines[0]
+
+
+def test_cli_sweep_records_the_order_asked_for(tmp_path, capsys):
+    code = main(["sweep", "tiny-random", "--device", "cpu", "--output-lengths", "2", "4", "--prompt-lengths", "4",
+                 "--runs", "1", "--warmup", "0", "--out", str(tmp_path), "--no-probe", "--order", "sequential"])
+    assert code == 0
+    data = json.loads(next(tmp_path.glob("*-sweep/sweep.json")).read_text())
+    assert data["config"]["order"] == "sequential" and data["config"]["inject_delay_per_position_us"] == 0.0
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: on a busy 2-core machine, waking a second OpenMP thread after each host
+    wait can cost more than the step itself, and that noise would drown what the test looks for."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+def test_a_delay_growing_with_the_cache_position_is_caught_by_a_real_sweep(tmp_path, capsys, one_thread):
+    # 2 ms per cached position: TPOT gains 2 * (P + N/2 - 1) ms, 10 ms at N=4 and 38 ms at N=32, far
+    # beyond what tiny-random's KV cache (a few KB per step) predicts, and beyond a busy CPU's noise.
+    code = main(["sweep", "tiny-random", "--device", "cpu", "--output-lengths", "4", "12", "32", "--prompt-lengths", "4",
+                 "--runs", "5", "--warmup", "1", "--out", str(tmp_path), "--no-probe",
+                 "--inject-delay-per-position-us", "2000"])
+    assert code == 0
+    data = json.loads(next(tmp_path.glob("*-sweep/sweep.json")).read_text())
+    assert data["config"]["inject_delay_per_position_us"] == 2000.0
+    assert all(r["config"]["inject_delay_per_position_us"] == 2000.0 for r in data["results"])
+    linear = data["hypotheses"][0]["verdicts"][0]
+    assert linear["name"] == "total latency grows linearly with output length"
+    assert linear["verdict"] == "does not hold", linear["explanation"]
+    assert linear["numbers"]["measured_growth"] > linear["numbers"]["predicted_growth"] + 0.1
+    assert "DOES NOT HOLD   total latency grows linearly" in capsys.readouterr().out
+
+
+def test_default_engines_are_eager_hf_and_fast_on_cuda_and_eager_on_the_cpu():
+    assert sweep.default_engines(torch.device("cuda")) == ("eager", "hf", "fast")
+    assert sweep.default_engines(torch.device("cuda"), split=True) == ("eager", "hf")  # fast runs on one device
+    assert sweep.default_engines(torch.device("cpu")) == ("eager",)
+    assert sweep.SweepConfig().engines == ("eager",) and sweep.SweepConfig().prompt_lengths == (128,)
+    assert sweep.SweepConfig().output_lengths == (10, 50, 100, 500)
+    assert (sweep.SweepConfig().warmup_runs, sweep.SweepConfig().runs) == (1, 5)
+    args = build_parser().parse_args(["sweep"])
+    assert (args.warmup, args.runs, args.engines, args.order) == (1, 5, None, "interleaved")  # None: by device

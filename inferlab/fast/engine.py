@@ -14,6 +14,14 @@ What makes it fast, each a separate switch (`FastOptions`) so its effect can be 
 - the prefill (compiled) and the decode step each captured once in a CUDA graph: a step is one
   ``graph.replay()``, with no host work and no synchronization per token.
 
+Prepared once per model, not once per shape: the compiled functions are made once per engine
+and the prefill is compiled with dynamic shapes (prompt length and cache length symbolic), and
+the static cache is sized by `cache_length`, a bucket that does not change with every output
+length. A new (batch, prompt length, output length) then costs a cache, buffers and two graph
+captures, not a compile. The price: a cache up to twice the positions a request needs (the
+Triton decode attention reads only the positions written; the prefill's and the torch decode
+step's attention are masked over the whole cache).
+
 Sampling stays on the device: greedy is argmax; sampling draws ``u ~ U(0, 1)`` per vocabulary
 entry from the caller's generator (outside the graph) and picks ``argmax(p / -log u)``, which is
 a draw from ``p`` (the exponential-race form of the multinomial), after the same temperature,
@@ -63,6 +71,7 @@ class FastOptions:
     coordinate_descent: bool = True
     sdpa: bool = False
     launch: object | None = None  # a `kernels.LaunchPolicy` for the Triton kernels; None: the measured default
+    dynamic_prefill: bool = True  # one prefill compile for every prompt and cache length
 
     def resolved(self, device: torch.device) -> "FastOptions":
         cuda = device.type == "cuda"
@@ -95,6 +104,19 @@ def compile_options(options: FastOptions) -> dict:
     return {**list_mode_options(options.compile_mode), "coordinate_descent_tuning": options.coordinate_descent}
 
 
+MIN_CACHE_LENGTH = 256
+
+
+def cache_length(needed: int, max_context: int | None) -> int:
+    """Positions of the static cache for a request needing `needed`: the next power of two, at
+    least `MIN_CACHE_LENGTH`, capped at the model's context (never below `needed`), so requests
+    that differ a little share one cache shape."""
+    length = max(MIN_CACHE_LENGTH, 1 << max(needed - 1, 0).bit_length())
+    if max_context:
+        length = min(length, max_context)
+    return max(length, needed)
+
+
 def check_supported(model) -> None:
     """UsageError unless `model` is a Llama-architecture causal LM this engine can rebuild."""
     config = model.config
@@ -121,6 +143,9 @@ class FastLayer(nn.Module):
         self.register_buffer("w2", mlp.down_proj.weight.detach(), persistent=False)
         self.register_buffer("attn_norm", layer.input_layernorm.weight.detach(), persistent=False)
         self.register_buffer("ffn_norm", layer.post_attention_layernorm.weight.detach(), persistent=False)
+
+
+CACHE_BUFFERS = ("k_cache", "v_cache", "cos", "sin", "arange")
 
 
 class FastLlama(nn.Module):
@@ -156,6 +181,15 @@ class FastLlama(nn.Module):
         self.register_buffer("sin", sin[0], persistent=False)
         self.register_buffer("arange", torch.arange(max_seq, device=device), persistent=False)
         self.max_seq = max_seq
+
+    def cache_state(self) -> dict:
+        """The cache and tables `setup_cache` made, to put back later with `load_cache_state`."""
+        return {name: getattr(self, name) for name in CACHE_BUFFERS}
+
+    def load_cache_state(self, state: dict) -> None:
+        for name in CACHE_BUFFERS:
+            self.register_buffer(name, state[name], persistent=False)
+        self.max_seq = state["arange"].shape[0]
 
     def attention(self, index: int, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x [B, S, H] at positions [S] -> [B, S, H], writing this layer's K/V at those positions."""
@@ -229,8 +263,19 @@ def pick(logits: torch.Tensor, sampling: SamplingConfig, uniform: torch.Tensor |
     return torch.argmax(probs / exponential, dim=-1)
 
 
+# What `FastEngine.prepare` builds for one shape; kept per shape, so going back to a shape
+# prepared before (a sweep interleaves its configurations) restores it instead of rebuilding it.
+SHAPE_STATE = ("sampling", "prompt_ids", "prompt_positions", "tokens", "hidden", "position", "first_position", "out",
+               "uniform",
+               "prompt_length", "new_tokens", "kernels", "_prefill", "_decode", "_prefill_graph", "_decode_graph")
+
+
 class FastEngine:
-    """Static cache + fused, compiled step + CUDA graphs. `prepare` compiles and captures; `run` only replays."""
+    """Static cache + fused, compiled step + CUDA graphs. `prepare` compiles and captures; `run` only replays.
+
+    Each shape (batch, prompt length, output length, sampling) is prepared once and kept with its
+    own cache, buffers and graphs (the weights are shared): switching back to it costs nothing.
+    """
 
     name = "fast"
 
@@ -244,7 +289,9 @@ class FastEngine:
         if self.options.triton and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise UsageError("the Triton decode kernels need a CUDA device: run the fast engine on CPU with triton off")
         self.net: FastLlama | None = None
+        self._compiled = None  # (prefill, decode): made once per engine, shared by every shape
         self._key = None
+        self._shapes: dict = {}  # key -> (net cache state, engine state) of every shape prepared
 
     def describe(self) -> str:
         o = self.options
@@ -260,12 +307,16 @@ class FastEngine:
         key = (prompt.batch_size, prompt.length, config.max_new_tokens, config.sampling)
         if key == self._key:
             return
+        if key in self._shapes:
+            self._restore(key)
+            return
         if bool((prompt.attention_mask == 0).any()):
             raise UsageError("the fast engine needs prompts of equal length (no padding): use --engine eager or hf")
         B, S, N = key[:3]
         if self.net is None:
             self.net = FastLlama(self.hf_model, sdpa=self.options.sdpa)
-        self.net.setup_cache(B, S + N)
+        positions = cache_length(S + N, getattr(self.hf_model.config, "max_position_embeddings", None))
+        self.net.setup_cache(B, positions)
         vocab = self.net.embed.shape[0]
         dev = self.device
         self.sampling = config.sampling
@@ -274,7 +325,10 @@ class FastEngine:
         self.tokens = torch.zeros(B, 1, dtype=torch.long, device=dev)
         self.hidden = torch.zeros(B, self.net.embed.shape[1], dtype=self.net.embed.dtype, device=dev)
         self.position = torch.zeros(1, dtype=torch.long, device=dev)
-        self.out = torch.zeros(B, N, dtype=torch.long, device=dev)
+        # the prompt length as a tensor: compiled code that read an int (or a size) would be specialized to it
+        self.first_position = torch.full((1,), S, dtype=torch.long, device=dev)
+        # sized by the cache bucket, not by N, so compiled code is not specialized to N
+        self.out = torch.zeros(B, positions, dtype=torch.long, device=dev)
         self.uniform = None if config.sampling.greedy else torch.rand(B, vocab, device=dev)
         self.prompt_length = S
         self.new_tokens = N
@@ -284,16 +338,35 @@ class FastEngine:
 
             self.kernels = triton_ops.Kernels(pdl=self.options.pdl, policy=self.options.launch or triton_ops.DEFAULT_POLICY)
 
-        prefill, decode = self._prefill_body, self._decode_body
-        if self.options.compile:
-            prefill = torch.compile(prefill, fullgraph=True, dynamic=False)
-            if not self.options.triton:
-                decode = torch.compile(decode, options=compile_options(self.options), fullgraph=True, dynamic=False)
-        self._prefill, self._decode = prefill, decode
+        if self._compiled is None:
+            self._compiled = self._compile()
+        self._prefill, self._decode = self._compiled
         self._prefill_graph = self._decode_graph = None
         if self.options.graphs:
             self._capture()
         self._key = key
+        self._shapes[key] = (self.net.cache_state(), {name: getattr(self, name) for name in SHAPE_STATE})
+
+    def _restore(self, key) -> None:
+        cache, state = self._shapes[key]
+        self.net.load_cache_state(cache)
+        for name, value in state.items():
+            setattr(self, name, value)
+        self._key = key
+
+    @property
+    def prepared_shapes(self) -> tuple:
+        """The (batch, prompt length, output length, sampling) of every shape prepared so far."""
+        return tuple(self._shapes)
+
+    def _compile(self) -> tuple:
+        """The prefill and decode functions, compiled as the options say; each shape's tensors are inputs."""
+        prefill, decode = self._prefill_body, self._decode_body
+        if self.options.compile:
+            prefill = torch.compile(prefill, fullgraph=True, dynamic=self.options.dynamic_prefill)
+            if not self.options.triton:
+                decode = torch.compile(decode, options=compile_options(self.options), fullgraph=True, dynamic=False)
+        return prefill, decode
 
     def _prefill_body(self) -> None:
         logits = self.net(self.prompt_ids, self.prompt_positions)[:, -1]
@@ -302,7 +375,7 @@ class FastEngine:
         self.out[:, 0].copy_(first)
         if self.options.triton:
             self.hidden.copy_(F.embedding(first, self.net.embed))
-        self.position.fill_(self.prompt_length)
+        self.position.copy_(self.first_position)
 
     def _decode_body(self) -> None:
         if self.kernels is None:
@@ -315,7 +388,7 @@ class FastEngine:
                 return
         nxt = pick(logits, self.sampling, self.uniform)
         self.tokens.copy_(nxt[:, None])
-        self.out.index_copy_(1, self.position - self.prompt_length + 1, nxt[:, None])
+        self.out.index_copy_(1, self.position - self.first_position + 1, nxt[:, None])
         if self.kernels is not None:
             self.hidden.copy_(F.embedding(nxt, self.net.embed))
         self.position.add_(1)
@@ -354,7 +427,7 @@ class FastEngine:
             self._draw(generator)
             self._step(self._decode_graph, self._decode)
             clock.mark()
-        return self.out.clone()
+        return self.out[:, : self.new_tokens].clone()
 
     @staticmethod
     def _step(graph, function) -> None:

@@ -233,7 +233,8 @@ def status_line(report: SweepReport) -> str:
     failed = sum(r.status != "ok" for r in report.results)
     state = "complete" if report.complete else "INTERRUPTED"
     return (f"{title(report.fingerprint)} | {state}: {done} of {total} configurations, {failed} failed | "
-            f"{report.config.warmup_runs} warm-up + {report.config.runs} runs each | {report.config.sampling.describe()}")
+            f"{report.config.warmup_runs} warm-up + {report.config.runs} runs each, {report.config.order} | "
+            f"{report.config.sampling.describe()}")
 
 
 def cost_notes(results: Sequence[BenchResult]) -> list[str]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, Sequence
 
 import torch
 
-from inferlab.measure import energy, fingerprint, memory, profiling
+from inferlab.measure import energy, fingerprint, inject, memory, profiling
 from inferlab.measure import roofline
 from inferlab.decode.loop import DecodeConfig
 from inferlab.decode.engines import ENGINE_NAMES, make_engine
@@ -36,12 +37,16 @@ class BenchConfig:
     seed: int = 0
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     per_token_events: bool = True
+    # A known violation for testing the verdicts (`inferlab.measure.inject`); 0 (off) unless asked.
+    inject_delay_per_position_us: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("prompt_length", "batch_size", "output_length"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise UsageError(f"{name.replace('_', ' ')} must be a positive integer, got {value}")
+        if not self.inject_delay_per_position_us >= 0:
+            raise UsageError(f"the injected delay per position must be >= 0 us, got {self.inject_delay_per_position_us}")
         if self.runs < 1:
             raise UsageError(f"runs must be at least 1, got {self.runs}")
         if self.warmup_runs < 0:
@@ -161,22 +166,98 @@ def run_once(engine, prompt: Prompt, decode: DecodeConfig, generator, clock, dev
     return RunTimes(token_ms=token_ms, wall_ms=wall_ms)
 
 
-def run_benchmark(
+@dataclass
+class PreparedCase:
+    """One configuration ready to measure: engine prepared, warm-ups run; `measure_one` times a request.
+
+    Holds its own prompt, generator and clock, so several configurations can be measured in any
+    interleaving and each sees the same requests and random draws as when measured alone.
+    """
+
+    loaded: LoadedModel
+    config: BenchConfig
+    bandwidth: tuple[float | None, str]
+    engine: object
+    prompt: Prompt
+    decode: DecodeConfig
+    generator: torch.Generator
+    clock: object
+    timed: torch.device
+    prepare_ms: float
+    warmup_e2e_ms: tuple[float, ...] = ()
+
+    def measure_one(self) -> RunTimes:
+        return run_once(self.engine, self.prompt, self.decode, self.generator, self.clock, self.timed)
+
+    def result(self, runs: Sequence[RunTimes], costs: Costs | None = None,
+               profile: profiling.ProfileSummary | None = None) -> BenchResult:
+        """The BenchResult of the measured `runs` (every raw timestamp kept), with what they cost."""
+        loaded, config, prompt = self.loaded, self.config, self.prompt
+        return BenchResult(
+            config=config,
+            fingerprint=make_fingerprint(loaded, config, prompt.length),
+            runs=tuple(runs),
+            warmup_e2e_ms=self.warmup_e2e_ms,
+            prepare_ms=self.prepare_ms,
+            roofline=roofline.roofline(loaded.model, prompt.batch_size, prompt.length, config.output_length,
+                                       layout_bandwidth(self.bandwidth, loaded.layout)),
+            prompt_length=prompt.length,
+            memory=None if costs is None else costs.memory,
+            energy=None if costs is None else costs.energy,
+            profile=profile,
+        )
+
+    def profile(self, trace_path: Path) -> profiling.ProfileSummary:
+        """One more request under the profiler, after the timed runs; its trace written to `trace_path`."""
+        return profiling.profile_request(self.engine, self.prompt, self.decode, self.generator, self.clock,
+                                         self.timed, trace_path)
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What serving a configuration's requests took: memory, and energy per output token."""
+
+    memory: memory.MemoryUsage
+    energy: energy.EnergyReading | energy.Unavailable
+
+
+# The energy counter is read around a contiguous block of requests at least this long, and at least
+# COST_SPAN_UPDATES of the counter's update intervals: each end of a span is uncertain by one update.
+COST_SPAN_S = 2.0
+COST_SPAN_UPDATES = 20
+
+
+def measure_costs(case: PreparedCase, meter, clock: Callable[[], float] = time.perf_counter) -> Costs:
+    """Memory peaks and energy over a block of back-to-back requests of `case`, apart from the timed runs.
+
+    The timed runs may be interleaved with other configurations, so neither the device's memory peak
+    nor the energy counter can be attributed to one configuration over them. On a GPU the block
+    resets the peaks, then repeats the request until COST_SPAN_S (or COST_SPAN_UPDATES counter
+    updates) have passed. Without a GPU and a meter there is nothing to reset or read: no extra
+    request runs, and the process's peak resident memory is what is reported.
+    """
+    device, batch, final_length = case.timed, case.prompt.batch_size, case.prompt.length + case.config.output_length
+    metered = not isinstance(meter, energy.Unavailable)
+    if device.type != "cuda" and not metered:
+        return Costs(memory.measure_usage(case.loaded.model, device, batch, final_length), meter)
+    span_s = max(COST_SPAN_S, COST_SPAN_UPDATES * (meter.update_interval_s or 0.0) if metered else 0.0)
+    memory.reset_peaks(device)
+    started = meter.start() if metered else None
+    began, requests = clock(), 0
+    while requests == 0 or clock() - began < span_s:
+        case.measure_one()  # synchronizes at its end: the counter is read after the work is done
+        requests += 1
+    used = meter.stop(started, requests * batch * case.config.output_length) if metered else meter
+    return Costs(memory.measure_usage(case.loaded.model, device, batch, final_length), used)
+
+
+def prepare_case(
     loaded: LoadedModel,
     config: BenchConfig,
     bandwidth: tuple[float | None, str] = (None, "unknown"),
     engine=None,
-    on_run=None,
-    energy_meter=None,
-    profile_trace: Path | None = None,
-) -> BenchResult:
-    """Warm up, then time `config.runs` requests; return every raw timestamp.
-
-    Around them: the device's memory peaks (reset first), the energy counter (read before the
-    first and after the last measured run; `energy_meter` as from `energy.open_meter`, opened
-    here when not given) and, with `profile_trace`, one more request under the profiler,
-    after the timed runs, its trace written to that new file.
-    """
+) -> PreparedCase:
+    """Build the prompt, prepare the engine for it (timed, never in TPOT) and run the warm-ups."""
     prompt = build_prompt(loaded, config)
     check_fits(loaded, prompt.length, config.output_length)
     device = loaded.device
@@ -193,34 +274,52 @@ def run_benchmark(
 
     timed = loaded.output_device  # each step ends at the LM head: on the last GPU of a pipeline
     clock = clock_for(timed, config.output_length, config.per_token_events)
-    warmups = []
-    for _ in range(config.warmup_runs):
-        warmups.append(run_once(engine, prompt, decode, generator, clock, timed).e2e_ms)
-    meter = energy_meter if energy_meter is not None else energy.open_meter(timed)
-    started = None if isinstance(meter, energy.Unavailable) else meter.start()
+    if config.inject_delay_per_position_us > 0:
+        clock = inject.PositionDelayClock(clock, config.inject_delay_per_position_us, prompt.length,
+                                          inject.where_to_inject(engine, timed), timed)
+    case = PreparedCase(loaded, config, bandwidth, engine, prompt, decode, generator, clock, timed, prepare_ms)
+    case.warmup_e2e_ms = tuple(case.measure_one().e2e_ms for _ in range(config.warmup_runs))
+    return case
+
+
+def repeat_within_budget(measure_one: Callable[[], RunTimes], rounds: int, budget_s: float, min_rounds: int,
+                         clock: Callable[[], float] = time.perf_counter) -> list[RunTimes]:
+    """Measured requests: `rounds` of them, or fewer once they have taken `budget_s` seconds of
+    `clock` in all, but never fewer than `min_rounds` (nor more than `rounds`); `budget_s` <= 0: no budget."""
+    runs: list[RunTimes] = []
+    start = clock()
+    while len(runs) < rounds:
+        runs.append(measure_one())
+        if budget_s > 0 and len(runs) >= min_rounds and clock() - start >= budget_s:
+            break
+    return runs
+
+
+def run_benchmark(
+    loaded: LoadedModel,
+    config: BenchConfig,
+    bandwidth: tuple[float | None, str] = (None, "unknown"),
+    engine=None,
+    on_run=None,
+    energy_meter=None,
+    profile_trace: Path | None = None,
+) -> BenchResult:
+    """Warm up, then time `config.runs` requests; return every raw timestamp.
+
+    Then what they cost (`measure_costs`; `energy_meter` as from `energy.open_meter`, opened here
+    when not given) and, with `profile_trace`, one more request under the profiler, its trace
+    written to that new file. Neither enters the timed runs.
+    """
+    case = prepare_case(loaded, config, bandwidth, engine)
     runs = []
     for index in range(config.runs):
-        runs.append(run_once(engine, prompt, decode, generator, clock, timed))
+        runs.append(case.measure_one())
         if on_run is not None:
             on_run(index)
-    used = meter if started is None else meter.stop(started, config.runs * prompt.batch_size * config.output_length)
-    usage = memory.measure_usage(loaded.model, device, prompt.batch_size, prompt.length + config.output_length)
-    profile = None
-    if profile_trace is not None:
-        profile = profiling.profile_request(engine, prompt, decode, generator, clock, timed, profile_trace)
-    return BenchResult(
-        config=config,
-        fingerprint=make_fingerprint(loaded, config, prompt.length),
-        runs=tuple(runs),
-        warmup_e2e_ms=tuple(warmups),
-        prepare_ms=prepare_ms,
-        roofline=roofline.roofline(loaded.model, prompt.batch_size, prompt.length, config.output_length,
-                                   layout_bandwidth(bandwidth, loaded.layout)),
-        prompt_length=prompt.length,
-        memory=usage,
-        energy=used,
-        profile=profile,
-    )
+    meter = energy_meter if energy_meter is not None else energy.open_meter(case.timed)
+    costs = measure_costs(case, meter)
+    profile = case.profile(profile_trace) if profile_trace is not None else None
+    return case.result(runs, costs, profile)
 
 
 SPLIT_ENGINES = ("eager", "hf", "hf-static")

@@ -1,39 +1,61 @@
-"""The seed's three hypotheses about output length, checked on measured runs.
+"""The seed's three hypotheses about output length, judged on measured runs with a noise model.
 
 Each check takes one group (one engine, prompt length and batch size): the output lengths
-N_1 < ... < N_k and the raw runs measured at each. It works on per-length medians over runs
-(TTFT_i, E2E_i, TPOT_i, R_i = output tokens/s), so one slow run moves nothing. With fewer than
-3 lengths every check answers "not enough data": a line through two points always fits.
+N_1 < ... < N_k and the raw runs measured at each. Per length it takes medians over runs
+(TTFT_i, TPOT_i, R_i = output tokens/s), so one slow run moves little.
 
-References, medians across lengths: TTFT_ref = median_i TTFT_i, TPOT_ref = median_i TPOT_i
-(TPOT needs N >= 2). Tolerances below are relative to them, with an absolute floor of
-`SLACK_MS` = 1 ms: a request's fixed host-side overhead (Python dispatch, starting the clock,
-the final synchronize) varies by tenths of a millisecond, so on a GPU, where TTFT can be a few
-ms, a purely relative tolerance would judge that jitter rather than the model.
+Noise model: a bootstrap over runs. The runs of each length are resampled with replacement
+(independently per length, `RESAMPLES` times, from a generator seeded by the caller), the
+statistic is recomputed from the resampled medians, and its 95% interval is the 2.5th-97.5th
+percentile of those values. Run-to-run noise, and with the sweep's interleaved order the host's
+drift over the sweep too, widen the interval; nothing else is assumed about their shape.
 
-1. Total latency is linear in N. Per run, exactly E2E = TTFT + (N - 1) * TPOT (metrics.py's
-   definition of TPOT). If TTFT and TPOT do not depend on N, E2E(N) = (TTFT - TPOT) + TPOT * N:
-   slope TPOT, intercept TTFT - TPOT, not TTFT (the prefill produces the first token, so only
-   N - 1 decode steps follow). Least squares E2E_i = a + b * N_i, R^2 = 1 - SS_res / SS_tot.
-   Holds when R^2 >= 0.99 and |b - TPOT_ref| <= 10% TPOT_ref and
-   |a - (TTFT_ref - TPOT_ref)| <= max(25% TTFT_ref, 1 ms).
-   The intercept is extrapolated to N = 0 from lengths up to hundreds of tokens: a TPOT that
-   creeps up with the context (the KV cache grows) bends the line and moves `a` by several TPOTs
-   while R^2 stays near 1. The explanation then names TPOT's drift from N_1 to N_k.
-2. TTFT does not depend on N. The prefill is the same work whatever follows it. Least squares
-   TTFT_i = c + s * N_i; the fitted change across the sweep is s * (N_k - N_1). Holds when
-   |s * (N_k - N_1)| <= max(10% TTFT_ref, 1 ms): a trend, so one noisy length moves it little,
-   and 10% is well above the few-% noise of a median of runs.
-3. Output tokens/s rises, then plateaus. R(N) = N / (TTFT + (N - 1) * TPOT) tends to
-   1000 / TPOT (decode tokens/s) as the prefill is amortized over more tokens. Holds when
-   it rises: R_k >= 1.05 * R_1; it never falls by more than noise: R_{i+1} >= 0.95 * R_i; and it
-   has levelled off: the last step's gain R_k / R_{k-1} - 1 < 5%.
+Three answers, from the interval [lo, hi] of the statistic and the hypothesis's tolerance:
+
+- HOLDS: the interval lies inside the tolerance.
+- DOES NOT HOLD: the interval lies entirely outside it; the explanation gives the effect.
+- INCONCLUSIVE: the interval straddles a bound of the tolerance. An interval narrows as
+  1/sqrt(runs), so about n * (h / d)^2 runs per length would decide it, with n the runs per
+  length now, d the distance from the estimate to the bound and h the interval's half-width
+  on that side; the explanation says so. With fewer than `MIN_RUNS` runs at some length the
+  noise cannot be estimated: INCONCLUSIVE whatever the numbers.
+
+With fewer than 3 output lengths every check answers "not enough data": a line through two
+points always fits.
+
+1. Total latency grows linearly with output length. Per run, exactly E2E = TTFT + (N - 1) * TPOT,
+   so E2E is a line in N exactly when TTFT (hypothesis 2) and TPOT do not depend on N; this
+   check judges TPOT. Physics predicts one dependence: decode step i reads the weights plus
+   the KV cache of P + i positions, so a request's TPOT covers a mean context of P + N/2 and,
+   if a step takes time in proportion to the bytes it reads, TPOT(N) is proportional to
+   bytes_per_step(N) = weights + KV bytes per position * B * (P + N/2) (`measure.roofline`).
+   Statistic: the measured growth of TPOT across the sweep, from the least-squares line
+   TPOT_i = c + s * N_i: g = s * (N_k - N_1) / (c + s * N_1), minus the predicted growth
+   g_pred = bytes_per_step(N_k) / bytes_per_step(N_1) - 1. Holds when the interval of
+   g - g_pred lies within +-10% (`TPOT_TOLERANCE`). Lengths with N = 1 have no TPOT and are
+   left out. Without byte counts the predicted growth is taken as 0.
+2. TTFT does not depend on N. The prefill is the same work whatever follows it. Statistic: the
+   fitted change across the sweep, s * (N_k - N_1) from the least-squares line
+   TTFT_i = c + s * N_i (a trend, so one noisy length moves it little). Holds when its interval
+   lies within +-max(10% of TTFT_ref, 1 ms), TTFT_ref the median of the TTFT_i; the 1 ms floor
+   (`SLACK_MS`) because a request's fixed host-side overhead (Python dispatch, starting the
+   clock, the final synchronize) varies by tenths of a millisecond, and on a GPU, where TTFT
+   can be a few ms, a purely relative tolerance would judge that jitter rather than the model.
+3. Output tokens/s rises, then plateaus. R(N) = N / (TTFT + (N - 1) * TPOT) rises towards
+   1000 / TPOT as the prefill is amortized; it can only fall if a step gets slower with N.
+   How much it visibly rises, and how close to the plateau it is at N_k
+   (R_k * TPOT_k / 1000 = N_k / (N_k - 1 + TTFT / TPOT)), is set by TTFT / TPOT, not by the
+   hypothesis: an eager loop on a GPU has TTFT ~ TPOT and is flat from N = 10, a graph-replayed
+   engine with TTFT / TPOT ~ 40 is at ~93% of its plateau at N = 500. Both are reported; what
+   can refute the hypothesis is a fall. Statistic: the worst step, min_i R_{i+1} / R_i - 1.
+   Holds when its interval lies above -5% (`FALL_TOLERANCE`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -41,19 +63,26 @@ from inferlab.measure.metrics import RunTimes
 
 HOLDS = "holds"
 DOES_NOT_HOLD = "does not hold"
+INCONCLUSIVE = "inconclusive"
 NOT_ENOUGH_DATA = "not enough data"
 
 MIN_LENGTHS = 3
+MIN_RUNS = 3  # per length: fewer cannot estimate the noise
+RESAMPLES = 2000
+CONFIDENCE = 0.95
 SLACK_MS = 1.0
-MIN_R_SQUARED = 0.99
-SLOPE_TOLERANCE = 0.10  # of TPOT_ref
-INTERCEPT_TOLERANCE = 0.25  # of TTFT_ref
+TPOT_TOLERANCE = 0.10  # growth of TPOT across the sweep beyond the KV cache's prediction
 TTFT_TOLERANCE = 0.10  # of TTFT_ref, for the change across the sweep
-TOKENS_STEP = 0.05  # rise, fall-within-noise and plateau thresholds for tokens/s
+FALL_TOLERANCE = 0.05  # of tokens/s, for the worst step
+MAX_RUNS_ADVICE = 1000
 
 LINEAR_LATENCY = "total latency grows linearly with output length"
 TTFT_INDEPENDENT = "TTFT does not depend on output length"
 TOKENS_PLATEAU = "output tokens/s rises and then plateaus"
+
+# Per-run values a statistic can use, in this order along the last axis.
+RUN_VALUES = ("ttft_ms", "tpot_ms", "output_tokens_per_s")
+TTFT, TPOT, RATE = range(3)
 
 
 @dataclass(frozen=True)
@@ -61,7 +90,7 @@ class Verdict:
     """One hypothesis checked on one group: the verdict, the numbers behind it, one line of why."""
 
     name: str
-    verdict: str  # HOLDS, DOES_NOT_HOLD or NOT_ENOUGH_DATA
+    verdict: str  # HOLDS, DOES_NOT_HOLD, INCONCLUSIVE or NOT_ENOUGH_DATA
     numbers: dict
     explanation: str
 
@@ -70,35 +99,68 @@ class Verdict:
 
 
 @dataclass(frozen=True)
-class LinearFit:
-    """y = intercept + slope * x by least squares; r_squared = 1 - SS_res / SS_tot."""
+class Interval:
+    """A statistic's estimate (from all runs) and its bootstrap interval [low, high]."""
 
-    slope: float
-    intercept: float
-    r_squared: float
-
-
-def linear_fit(x: Sequence[float], y: Sequence[float]) -> LinearFit:
-    """Ordinary least squares of y on x (at least two distinct x)."""
-    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    assert len(xs) == len(ys) >= 2 and np.ptp(xs) > 0, "a fit needs two distinct x"
-    dx = xs - xs.mean()
-    slope = float((dx * (ys - ys.mean())).sum() / (dx * dx).sum())
-    intercept = float(ys.mean() - slope * xs.mean())
-    ss_res = float(((ys - intercept - slope * xs) ** 2).sum())
-    ss_tot = float(((ys - ys.mean()) ** 2).sum())
-    r_squared = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
-    return LinearFit(slope, intercept, r_squared)
+    estimate: float
+    low: float
+    high: float
 
 
-def medians(runs: Sequence[Sequence[RunTimes]], metric: str) -> list[float | None]:
-    """Per length, the median over runs of `metric` (a RunTimes property); None where undefined."""
-    out = []
-    for length_runs in runs:
-        values = [getattr(r, metric) for r in length_runs]
-        values = [v for v in values if v is not None]
-        out.append(float(np.median(values)) if values else None)
-    return out
+def fit_line(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares y = c + s * x along the last axis (x [k], y [..., k]) -> (s, c), each [...]."""
+    dx = x - x.mean()
+    slope = (dx * (y - y.mean(axis=-1, keepdims=True))).sum(axis=-1) / (dx * dx).sum()
+    return slope, y.mean(axis=-1) - slope * x.mean()
+
+
+def run_values(runs: Sequence[RunTimes]) -> np.ndarray:
+    """[n, 3]: TTFT, TPOT (NaN for a one-token run) and output tokens/s of each run."""
+    rows = [(r.ttft_ms, np.nan if r.tpot_ms is None else r.tpot_ms, r.output_tokens_per_s) for r in runs]
+    return np.asarray(rows, dtype=float).reshape(len(rows), len(RUN_VALUES))
+
+
+def medians(values: Sequence[np.ndarray]) -> np.ndarray:
+    """[k, 3]: per length, the median over its runs."""
+    return np.stack([np.median(v, axis=0) for v in values])
+
+
+def bootstrap(values: Sequence[np.ndarray], statistic: Callable[[np.ndarray], np.ndarray], seed: int,
+              resamples: int = RESAMPLES, confidence: float = CONFIDENCE) -> Interval:
+    """`statistic` of per-length medians ([..., k, 3] -> [...]) with its percentile bootstrap interval.
+
+    The runs of each length are resampled with replacement, independently per length.
+    """
+    rng = np.random.default_rng(seed)
+    resampled = []
+    for v in values:
+        picks = rng.integers(0, len(v), size=(resamples, len(v)))
+        resampled.append(np.median(v[picks], axis=1))  # [resamples, 3]
+    draws = statistic(np.stack(resampled, axis=1))  # [resamples]
+    tail = 100 * (1 - confidence) / 2
+    low, high = np.percentile(draws, [tail, 100 - tail])
+    return Interval(float(statistic(medians(values))), float(low), float(high))
+
+
+def decide(interval: Interval, low_bound: float, high_bound: float) -> str:
+    """HOLDS inside [low_bound, high_bound], DOES_NOT_HOLD entirely outside, INCONCLUSIVE across a bound."""
+    if low_bound <= interval.low and interval.high <= high_bound:
+        return HOLDS
+    if interval.high < low_bound or interval.low > high_bound:
+        return DOES_NOT_HOLD
+    return INCONCLUSIVE
+
+
+def runs_to_decide(interval: Interval, low_bound: float, high_bound: float, runs_now: int) -> int | None:
+    """About how many runs per length would put the interval clear of the bound it straddles:
+    n * (h / d)^2, h its half-width towards the bound, d the estimate's distance to it; None if
+    the estimate sits on the bound (no number of runs would decide it)."""
+    straddled = low_bound if interval.low < low_bound <= interval.high else high_bound
+    distance = abs(interval.estimate - straddled)
+    half_width = interval.estimate - interval.low if straddled < interval.estimate else interval.high - interval.estimate
+    if distance <= 1e-12 * max(1.0, abs(straddled)):
+        return None
+    return max(runs_now + 1, math.ceil(runs_now * (half_width / distance) ** 2 - 1e-9))  # 20.000000004 is 20
 
 
 def _sorted(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]]) -> tuple[list[int], list]:
@@ -115,103 +177,122 @@ def _not_enough(name: str, count: int) -> Verdict | None:
                    f"needs at least {MIN_LENGTHS} output lengths with results, got {count}")
 
 
-def _references(runs: Sequence[Sequence[RunTimes]]) -> tuple[float, float | None]:
-    ttft = float(np.median(medians(runs, "ttft_ms")))
-    tpots = [t for t in medians(runs, "tpot_ms") if t is not None]
-    return ttft, (float(np.median(tpots)) if tpots else None)
+def _interval_text(interval: Interval, scale: float, unit: str, digits: int) -> str:
+    f = f"{{:+.{digits}f}}"
+    return (f"{f.format(scale * interval.estimate)}{unit} "
+            f"({100 * CONFIDENCE:.0f}% CI {f.format(scale * interval.low)}..{f.format(scale * interval.high)}{unit})")
 
 
-def check_linear_latency(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]]) -> Verdict:
-    """Hypothesis 1: E2E_i = a + b * N_i with R^2 >= 0.99, b ~ TPOT_ref, a ~ TTFT_ref - TPOT_ref."""
+def _judge(name: str, interval: Interval, bounds: tuple[float, float], runs_per_length: Sequence[int],
+           numbers: dict, text: str) -> Verdict:
+    """The verdict of `interval` against `bounds`, with the advice for an inconclusive one."""
+    fewest = min(runs_per_length)
+    numbers = {**numbers, "estimate": interval.estimate, "ci_low": interval.low, "ci_high": interval.high,
+               "tolerance_low": bounds[0], "tolerance_high": bounds[1], "runs_per_length": fewest}
+    if fewest < MIN_RUNS:
+        return Verdict(name, INCONCLUSIVE, {**numbers, "runs_to_decide": MIN_RUNS},
+                       f"{text}; too few runs to estimate the noise: {fewest} at some length, "
+                       f"needs at least {MIN_RUNS} per length")
+    verdict = decide(interval, *bounds)
+    if verdict != INCONCLUSIVE:
+        return Verdict(name, verdict, numbers, text)
+    needed = runs_to_decide(interval, *bounds, fewest)
+    numbers["runs_to_decide"] = needed
+    advice = (f"about {needed} runs per length would decide it" if needed is not None and needed <= MAX_RUNS_ADVICE
+              else f"the effect sits on the tolerance: more than {MAX_RUNS_ADVICE} runs per length to decide it")
+    return Verdict(name, INCONCLUSIVE, numbers, f"{text}; the interval straddles the tolerance, {advice}")
+
+
+def check_linear_latency(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]],
+                         bytes_per_step: Sequence[float] | None = None, seed: int = 0) -> Verdict:
+    """Hypothesis 1: TPOT's growth across the sweep, beyond the KV cache's prediction, within +-10%."""
+    if bytes_per_step is not None:
+        assert len(bytes_per_step) == len(output_lengths), "one byte count per output length"
+        order = sorted(range(len(output_lengths)), key=lambda i: output_lengths[i])
+        bytes_per_step = [bytes_per_step[i] for i in order]
     lengths, runs = _sorted(output_lengths, runs)
     short = _not_enough(LINEAR_LATENCY, len(lengths))
     if short:
         return short
-    ttft_ref, tpot_ref = _references(runs)  # defined: of 3 distinct lengths at most one is N = 1
-    assert tpot_ref is not None and tpot_ref > 0, "TPOT of a measured run is positive"
-    fit = linear_fit(lengths, medians(runs, "e2e_ms"))
-    expected_intercept = ttft_ref - tpot_ref
-    intercept_slack = max(INTERCEPT_TOLERANCE * ttft_ref, SLACK_MS)
-    slope_error = (fit.slope - tpot_ref) / tpot_ref
-    tpots = medians(runs, "tpot_ms")
-    tpot_first = next(t for t in tpots if t is not None)
-    numbers = {
-        "slope_ms_per_token": fit.slope, "intercept_ms": fit.intercept, "r_squared": fit.r_squared,
-        "tpot_ref_ms": tpot_ref, "ttft_ref_ms": ttft_ref, "expected_intercept_ms": expected_intercept,
-        "intercept_tolerance_ms": intercept_slack, "slope_error": slope_error,
-        "tpot_first_ms": tpot_first, "tpot_last_ms": tpots[-1],
-    }
-    fit_text = (f"E2E = {fit.intercept:.1f} + {fit.slope:.3f}*N ms, R^2 {fit.r_squared:.4f}; "
-                f"expected slope TPOT {tpot_ref:.3f}, intercept TTFT-TPOT {expected_intercept:.1f}")
-    problems = []
-    if fit.r_squared < MIN_R_SQUARED:
-        problems.append(f"R^2 below {MIN_R_SQUARED}")
-    if abs(slope_error) > SLOPE_TOLERANCE:
-        problems.append(f"slope {100 * slope_error:+.0f}% off TPOT")
-    if abs(fit.intercept - expected_intercept) > intercept_slack:
-        problems.append(f"intercept off by more than {intercept_slack:.1f} ms")
-    if not problems:
-        return Verdict(LINEAR_LATENCY, HOLDS, numbers, fit_text)
-    drift = f"; TPOT p50 {tpot_first:.3f} -> {tpots[-1]:.3f} ms from N={lengths[0]} to N={lengths[-1]}"
-    return Verdict(LINEAR_LATENCY, DOES_NOT_HOLD, numbers, f"{fit_text}: {', '.join(problems)}{drift}")
+    keep = [i for i, n in enumerate(lengths) if n >= 2]  # N = 1 has no TPOT
+    short = _not_enough(LINEAR_LATENCY, len(keep))
+    if short:
+        return short
+    x = np.asarray([lengths[i] for i in keep], dtype=float)
+    values = [run_values(runs[i]) for i in keep]
+    span = x[-1] - x[0]
+
+    def growth(per_length: np.ndarray) -> np.ndarray:
+        slope, intercept = fit_line(x, per_length[..., TPOT])
+        return slope * span / (intercept + slope * x[0])
+
+    predicted = 0.0 if bytes_per_step is None else bytes_per_step[keep[-1]] / bytes_per_step[keep[0]] - 1
+    interval = bootstrap(values, lambda m: growth(m) - predicted, seed)
+    measured = interval.estimate + predicted
+    tpots = medians(values)[:, TPOT]
+    numbers = {"measured_growth": measured, "predicted_growth": predicted, "tpot_first_ms": float(tpots[0]),
+               "tpot_last_ms": float(tpots[-1]), "prediction": "none" if bytes_per_step is None else "kv cache bytes"}
+    text = (f"TPOT p50 {tpots[0]:.3f} -> {tpots[-1]:.3f} ms from N={int(x[0])} to N={int(x[-1])}: fitted growth "
+            f"{100 * measured:+.1f}%, the KV cache predicts {100 * predicted:+.1f}%; excess "
+            f"{_interval_text(interval, 100, '%', 1)}, tolerance +-{100 * TPOT_TOLERANCE:.0f}%")
+    return _judge(LINEAR_LATENCY, interval, (-TPOT_TOLERANCE, TPOT_TOLERANCE), [len(v) for v in values], numbers, text)
 
 
-def check_ttft_independent(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]]) -> Verdict:
-    """Hypothesis 2: TTFT's fitted change across the sweep, slope * (N_k - N_1), is within max(10%, 1 ms)."""
+def check_ttft_independent(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]], seed: int = 0) -> Verdict:
+    """Hypothesis 2: TTFT's fitted change across the sweep within +-max(10% TTFT_ref, 1 ms)."""
     lengths, runs = _sorted(output_lengths, runs)
     short = _not_enough(TTFT_INDEPENDENT, len(lengths))
     if short:
         return short
-    ttfts = medians(runs, "ttft_ms")
+    x = np.asarray(lengths, dtype=float)
+    values = [run_values(r) for r in runs]
+    ttfts = medians(values)[:, TTFT]
     ttft_ref = float(np.median(ttfts))
-    fit = linear_fit(lengths, ttfts)
-    change = fit.slope * (lengths[-1] - lengths[0])
     tolerance = max(TTFT_TOLERANCE * ttft_ref, SLACK_MS)
-    numbers = {
-        "slope_ms_per_token": fit.slope, "change_ms": change, "tolerance_ms": tolerance, "ttft_ref_ms": ttft_ref,
-        "relative_spread": (max(ttfts) - min(ttfts)) / ttft_ref if ttft_ref > 0 else 0.0,
-    }
-    text = (f"TTFT p50 {min(ttfts):.2f}-{max(ttfts):.2f} ms; fitted change from N={lengths[0]} to N={lengths[-1]} "
-            f"{change:+.2f} ms ({100 * change / ttft_ref:+.1f}%), tolerance {tolerance:.2f} ms")
-    return Verdict(TTFT_INDEPENDENT, HOLDS if abs(change) <= tolerance else DOES_NOT_HOLD, numbers, text)
+
+    def change(per_length: np.ndarray) -> np.ndarray:
+        return fit_line(x, per_length[..., TTFT])[0] * (x[-1] - x[0])
+
+    interval = bootstrap(values, change, seed)
+    numbers = {"change_ms": interval.estimate, "tolerance_ms": tolerance, "ttft_ref_ms": ttft_ref,
+               "relative_change": interval.estimate / ttft_ref if ttft_ref > 0 else 0.0}
+    text = (f"TTFT p50 {ttfts.min():.2f}-{ttfts.max():.2f} ms; fitted change from N={lengths[0]} to N={lengths[-1]} "
+            f"{_interval_text(interval, 1, ' ms', 2)}, {100 * numbers['relative_change']:+.1f}% of TTFT; "
+            f"tolerance +-{tolerance:.2f} ms")
+    return _judge(TTFT_INDEPENDENT, interval, (-tolerance, tolerance), [len(v) for v in values], numbers, text)
 
 
-def check_tokens_plateau(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]]) -> Verdict:
-    """Hypothesis 3: R_k >= 1.05 R_1, R_{i+1} >= 0.95 R_i, and R_k / R_{k-1} - 1 < 5%."""
+def check_tokens_plateau(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]], seed: int = 0) -> Verdict:
+    """Hypothesis 3: the worst step of output tokens/s, min R_{i+1} / R_i - 1, above -5%."""
     lengths, runs = _sorted(output_lengths, runs)
     short = _not_enough(TOKENS_PLATEAU, len(lengths))
     if short:
         return short
-    rates = medians(runs, "output_tokens_per_s")
-    tpot_last = medians(runs, "tpot_ms")[-1]
-    total_gain = rates[-1] / rates[0] - 1
-    last_gain = rates[-1] / rates[-2] - 1
-    worst_step = min(b / a - 1 for a, b in zip(rates, rates[1:]))
-    numbers = {
-        "tokens_per_s_first": rates[0], "tokens_per_s_last": rates[-1], "total_gain": total_gain,
-        "last_step_gain": last_gain, "worst_step_change": worst_step,
-        # R_k against 1000 / TPOT_k, the rate it tends to: N / (N + TTFT / TPOT - 1) < 1
-        "fraction_of_decode_rate": rates[-1] * tpot_last / 1e3 if tpot_last else None,
-    }
-    problems = []
-    if total_gain < TOKENS_STEP:
-        problems.append(f"does not rise (first-to-last gain below {100 * TOKENS_STEP:.0f}%)")
-    if worst_step < -TOKENS_STEP:
-        problems.append(f"falls by {100 * -worst_step:.0f}% at one step")
-    if last_gain >= TOKENS_STEP:
-        problems.append(f"still rising at the last step (gain {100 * TOKENS_STEP:.0f}% or more)")
-    decode = "" if numbers["fraction_of_decode_rate"] is None else f", {100 * numbers['fraction_of_decode_rate']:.0f}% of its 1/TPOT"
-    text = (f"tok/s p50 {rates[0]:.1f} at N={lengths[0]} -> {rates[-1]:.1f} at N={lengths[-1]} ({100 * total_gain:+.0f}%), "
-            f"last step {100 * last_gain:+.1f}%{decode}")
-    if problems:
-        return Verdict(TOKENS_PLATEAU, DOES_NOT_HOLD, numbers, f"{text}: {', '.join(problems)}")
-    return Verdict(TOKENS_PLATEAU, HOLDS, numbers, text)
+    values = [run_values(r) for r in runs]
+
+    def worst_step(per_length: np.ndarray) -> np.ndarray:
+        rates = per_length[..., RATE]
+        return (rates[..., 1:] / rates[..., :-1] - 1).min(axis=-1)
+
+    interval = bootstrap(values, worst_step, seed)
+    per_length = medians(values)
+    rates, tpot_last = per_length[:, RATE], per_length[-1, TPOT]
+    plateau = None if np.isnan(tpot_last) else float(rates[-1] * tpot_last / 1e3)  # R_k against 1000 / TPOT_k
+    numbers = {"tokens_per_s_first": float(rates[0]), "tokens_per_s_last": float(rates[-1]),
+               "total_gain": float(rates[-1] / rates[0] - 1), "worst_step_change": interval.estimate,
+               "fraction_of_decode_rate": plateau}
+    reached = "" if plateau is None else f", {100 * plateau:.0f}% of its plateau 1/TPOT"
+    text = (f"tok/s p50 {rates[0]:.1f} at N={lengths[0]} -> {rates[-1]:.1f} at N={lengths[-1]} "
+            f"({100 * numbers['total_gain']:+.0f}%{reached}); worst step {_interval_text(interval, 100, '%', 1)}, "
+            f"a fall counts beyond -{100 * FALL_TOLERANCE:.0f}%")
+    return _judge(TOKENS_PLATEAU, interval, (-FALL_TOLERANCE, math.inf), [len(v) for v in values], numbers, text)
 
 
-def check_all(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]]) -> tuple[Verdict, ...]:
-    """The three hypotheses, in the seed's order."""
+def check_all(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]],
+              bytes_per_step: Sequence[float] | None = None, seed: int = 0) -> tuple[Verdict, ...]:
+    """The three hypotheses, in the seed's order; `bytes_per_step` per length (roofline) predicts TPOT's growth."""
     return (
-        check_linear_latency(output_lengths, runs),
-        check_ttft_independent(output_lengths, runs),
-        check_tokens_plateau(output_lengths, runs),
+        check_linear_latency(output_lengths, runs, bytes_per_step, seed),
+        check_ttft_independent(output_lengths, runs, seed),
+        check_tokens_plateau(output_lengths, runs, seed),
     )

@@ -6,7 +6,9 @@
 - ``decode_benchmark``: runs one case with ``benchmark.pedantic``. Each metric (TTFT, TPOT,
   total latency) is its own benchmark entry, so ``--benchmark-compare-fail`` and
   ``inferlab gate`` judge each one separately. The requests are measured once per case, by
-  the first of its metrics to run; the other metrics' rounds replay those same requests.
+  the first of its metrics to run (warm-ups, then up to ``--inferlab-rounds`` requests, fewer
+  once they have taken ``--inferlab-max-seconds`` but never fewer than
+  ``--inferlab-min-rounds``); every metric's rounds then replay those same requests.
 - The timer: pytest-benchmark reads ``timer()`` before and after each round and subtracts.
   `MetricClock` is a virtual clock that advances, inside the round, by the metric measured
   with CUDA events (after the run's single synchronize), so the difference is exactly that
@@ -22,14 +24,29 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
 from inferlab.names import COMPARED_KEYS, SUITE_METRICS
 
 METRICS = SUITE_METRICS
+
+# The default suite: what users gate on, within ~5 minutes on one H200 (README, "The pytest-benchmark
+# suite"). A case stops after DEFAULT_ROUNDS requests or DEFAULT_MAX_SECONDS of them, whichever
+# comes first, with at least DEFAULT_MIN_ROUNDS: short cases get 10 rounds, the eager loop at
+# 500 tokens (~10 s a request on an H200) gets 3.
+DEFAULT_ENGINES = ("eager", "fast")
+DEFAULT_OUTPUT_LENGTHS = (10, 50, 100, 500)
+DEFAULT_PROMPT_LENGTHS = (128, 512)
+DEFAULT_ROUNDS = 10
+DEFAULT_MIN_ROUNDS = 3
+DEFAULT_MAX_SECONDS = 5.0
+DEFAULT_WARMUP = 1
+
+
+def _csv(values) -> str:
+    return ",".join(str(v) for v in values)
 
 
 class MetricClock:
@@ -79,13 +96,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                     help="model to benchmark (default: tinyllama-1.1b-random on CUDA, the test's own on CPU)")
     group.addoption("--inferlab-dtype", default=None, help="bf16, fp16 or fp32 (default: bf16 on CUDA, fp32 on CPU)")
     group.addoption("--inferlab-device", default=None, help="cpu, cuda or cuda:N (default: cuda when available)")
-    group.addoption("--inferlab-engines", default="eager,hf", help="comma-separated engines (default eager,hf)")
-    group.addoption("--inferlab-output-lengths", default="10,50,100,500", help="comma-separated (default 10,50,100,500)")
-    group.addoption("--inferlab-prompt-lengths", default="128,512", help="comma-separated (default 128,512)")
+    group.addoption("--inferlab-engines", default=_csv(DEFAULT_ENGINES),
+                    help=f"comma-separated engines (default {_csv(DEFAULT_ENGINES)})")
+    group.addoption("--inferlab-output-lengths", default=_csv(DEFAULT_OUTPUT_LENGTHS),
+                    help=f"comma-separated (default {_csv(DEFAULT_OUTPUT_LENGTHS)})")
+    group.addoption("--inferlab-prompt-lengths", default=_csv(DEFAULT_PROMPT_LENGTHS),
+                    help=f"comma-separated (default {_csv(DEFAULT_PROMPT_LENGTHS)})")
     group.addoption("--inferlab-batch-sizes", default="1", help="comma-separated (default 1)")
     group.addoption("--inferlab-metrics", default=",".join(METRICS), help="comma-separated subset of ttft_ms,tpot_ms,e2e_ms")
-    group.addoption("--inferlab-rounds", type=int, default=10, help="measured rounds per entry (default 10)")
-    group.addoption("--inferlab-warmup", type=int, default=2, help="warm-up rounds per entry (default 2)")
+    group.addoption("--inferlab-rounds", type=int, default=DEFAULT_ROUNDS,
+                    help=f"measured rounds per case, at most (default {DEFAULT_ROUNDS})")
+    group.addoption("--inferlab-min-rounds", type=int, default=DEFAULT_MIN_ROUNDS,
+                    help=f"measured rounds per case, at least, whatever the time (default {DEFAULT_MIN_ROUNDS})")
+    group.addoption("--inferlab-max-seconds", type=float, default=DEFAULT_MAX_SECONDS,
+                    help=f"stop measuring a case once its requests have taken this long (default {DEFAULT_MAX_SECONDS:g}; "
+                         "0: always --inferlab-rounds)")
+    group.addoption("--inferlab-warmup", type=int, default=DEFAULT_WARMUP,
+                    help=f"warm-up requests per case (default {DEFAULT_WARMUP})")
     group.addoption("--inferlab-inject-delay-ms", type=float, default=0.0,
                     help="add this many ms to every decode step (a known slowdown, to test a gate)")
     group.addoption("--inferlab-inject-on", choices=("auto", "host", "device"), default="auto",
@@ -102,6 +129,10 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--inferlab-rounds must be at least 1")
     if config.getoption("--inferlab-warmup") < 0:
         raise pytest.UsageError("--inferlab-warmup must be 0 or more")
+    if config.getoption("--inferlab-min-rounds") < 1:
+        raise pytest.UsageError("--inferlab-min-rounds must be at least 1")
+    if config.getoption("--inferlab-max-seconds") < 0:
+        raise pytest.UsageError("--inferlab-max-seconds must be 0 or more")
     if config.getoption("--inferlab-inject-delay-ms") < 0:
         raise pytest.UsageError("--inferlab-inject-delay-ms must be 0 or more")
     cases_from_options(config)  # a bad --inferlab-* value stops here, as a usage error, before collection
@@ -301,15 +332,15 @@ class DelayedClock:
         self.clock.start()
 
     def mark(self) -> None:
+        from inferlab.measure import inject
+
         if self._marks > 0:
             if self.on == "device":
                 import torch
 
                 torch.cuda._sleep(int(self.delay_ms * self._cycles_per_ms))
             else:
-                end = time.perf_counter() + self.delay_ms / 1e3
-                while time.perf_counter() < end:
-                    pass
+                inject.host_wait(self.delay_ms / 1e3)
         self._marks += 1
         self.clock.mark()
 
@@ -318,40 +349,27 @@ class DelayedClock:
 
 
 def inject_where(option: str, engine, device) -> str:
-    """Where a per-step delay lengthens the step: on the host when the host is the bottleneck
-    (eager loops launch kernel by kernel), on the GPU stream when the GPU is (graph replay runs
-    ahead of the host, so a host wait would hide in the queue)."""
-    if option != "auto":
-        return option
-    graphs = bool(getattr(getattr(engine, "options", None), "graphs", False))
-    return "device" if device.type == "cuda" and graphs else "host"
+    """Where a per-step delay lengthens the step (`inferlab.measure.inject.where_to_inject` for auto)."""
+    from inferlab.measure import inject
+
+    return inject.where_to_inject(engine, device) if option == "auto" else option
 
 
 def _cuda_cycles_per_ms(device) -> float:
-    import torch
+    from inferlab.measure import inject
 
     if device.type != "cuda":
         raise pytest.UsageError("--inferlab-inject-on device needs a CUDA device")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    cycles = 50_000_000
-    torch.cuda._sleep(cycles)  # warm-up
-    start.record()
-    torch.cuda._sleep(cycles)
-    end.record()
-    end.synchronize()
-    return cycles / start.elapsed_time(end)
+    return inject.cuda_cycles_per_ms(device)
 
 
 @pytest.fixture
 def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.Config, request: pytest.FixtureRequest):
     """measure(case, model=None): benchmark one case; returns the measured RunTimes."""
-    import torch
-
-    from inferlab.measure import energy, memory
+    from inferlab.measure.bench import (BenchConfig, build_prompt, check_fits, make_fingerprint, measure_costs,
+                                        prepare_case, repeat_within_budget)
     from inferlab.model.registry import default_benchmark_model
-    from inferlab.measure.bench import BenchConfig, build_prompt, check_fits, decode_config, make_fingerprint, run_once
     from inferlab.measure.metrics import summarize
-    from inferlab.measure.clocks import clock_for
     from inferlab.measure.roofline import roofline
 
     def measure(case: PerfCase, model: str | None = None, rounds: int | None = None, warmup: int | None = None):
@@ -361,41 +379,32 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
         engine = inferlab_models.engine(name, case.engine)
         rounds = rounds or pytestconfig.getoption("--inferlab-rounds")
         warmup = pytestconfig.getoption("--inferlab-warmup") if warmup is None else warmup
+        min_rounds = min(pytestconfig.getoption("--inferlab-min-rounds"), rounds)
+        budget_s = pytestconfig.getoption("--inferlab-max-seconds")
         config = BenchConfig(engine=case.engine, prompt_length=case.prompt_length, batch_size=case.batch_size,
                              output_length=case.output_length, warmup_runs=warmup, runs=rounds)
-        prompt, decode = build_prompt(loaded, config), decode_config(loaded, config)
+        prompt = build_prompt(loaded, config)
         check_fits(loaded, prompt.length, case.output_length)
-        memory.reset_peaks(loaded.device)
-        engine.prepare(prompt, decode)
-        timed = loaded.output_device  # each step ends at the LM head: on the last GPU of a pipeline
-        clock = clock_for(timed, case.output_length)
         delay = pytestconfig.getoption("--inferlab-inject-delay-ms")
-        if delay > 0:
-            where = inject_where(pytestconfig.getoption("--inferlab-inject-on"), engine, timed)
-            clock = DelayedClock(clock, delay, where, timed)
-        key = (name, case.engine, case.batch_size, case.prompt_length, case.output_length, rounds, warmup)
-        recorded = inferlab_models.recorded.get(key)
-        generator = torch.Generator(device=loaded.device).manual_seed(0)
-        runs = []
+        key = (name, case.engine, case.batch_size, case.prompt_length, case.output_length, rounds, warmup, budget_s)
+        runs = inferlab_models.recorded.get(key)
+        if runs is None:  # the first metric of this case: measure its requests (bench's path: prepare, warm up)
+            prepared = prepare_case(loaded, config, engine=engine)
+            if delay > 0:
+                where = inject_where(pytestconfig.getoption("--inferlab-inject-on"), engine, prepared.timed)
+                prepared = replace(prepared, clock=DelayedClock(prepared.clock, delay, where, prepared.timed))
+            runs = tuple(repeat_within_budget(prepared.measure_one, rounds, budget_s, min_rounds))
+            costs = measure_costs(prepared, inferlab_models.energy_meter())
+            inferlab_models.recorded[key] = runs
+            inferlab_models.costs[key] = {"memory": costs.memory.to_dict(), "energy": costs.energy.to_dict()}
+        replay = iter(runs)
 
         def one_round() -> None:
-            if recorded is not None:  # another metric of this case already measured these requests
-                run = recorded[len(runs)]
-            else:
-                run = run_once(engine, prompt, decode, generator, clock, timed)
-            runs.append(run)
-            value = getattr(run, case.metric)
+            value = getattr(next(replay), case.metric)
             METRIC_CLOCK.advance(value if value is not None else 0.0)
 
-        meter = inferlab_models.energy_meter()
-        started = None if recorded is not None or isinstance(meter, energy.Unavailable) else meter.start()
-        benchmark.pedantic(one_round, rounds=rounds, warmup_rounds=warmup, iterations=1)
-        inferlab_models.recorded.setdefault(key, tuple(runs))
-        if key not in inferlab_models.costs:  # warm-up rounds included: they ran between the two reads
-            used = meter if started is None else meter.stop(started, len(runs) * case.batch_size * case.output_length)
-            usage = memory.measure_usage(loaded.model, loaded.device, case.batch_size, prompt.length + case.output_length)
-            inferlab_models.costs[key] = {"memory": usage.to_dict(), "energy": used.to_dict()}
-        measured = runs[warmup:]
+        benchmark.pedantic(one_round, rounds=len(runs), warmup_rounds=0, iterations=1)
+        measured = list(runs)
         summary = summarize(measured, case.batch_size)
         benchmark.extra_info.update(
             metric=case.metric,
@@ -407,6 +416,7 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
             output_tokens_per_s=summary["output_tokens_per_s"],
             decode_tokens_per_s=summary["decode_tokens_per_s"],
             injected_delay_ms=delay,
+            rounds_measured=len(measured), rounds_asked=rounds, max_seconds=budget_s, warmup_rounds=warmup,
             **inferlab_models.costs[key],
             roofline=roofline(loaded.model, case.batch_size, prompt.length, case.output_length,
                               inferlab_models.bandwidth()).to_dict(),

@@ -9,14 +9,28 @@ A run folder (made new by `storage.new_run_folder`, so nothing earlier is overwr
   PNG plots of `inferlab.look.plots`, written at the end, or for the finished configurations when
   the sweep is interrupted.
 
-Each engine is built once for the whole sweep, so a compiling engine compiles once; the time
-its `prepare` takes for each configuration is in that result's ``prepare_ms``. A configuration
-that runs out of device memory becomes an "oom" row and the sweep goes on.
+Order (``SweepConfig.order``). ``interleaved`` (the default): every configuration is first
+prepared and warmed up, then the measured runs go in rounds; each round visits every
+configuration once, in an order shuffled anew each round by a generator seeded with
+``SweepConfig.seed``. Drift of the host during the sweep (clocks, caches, other load) is then
+spread over all configurations instead of being loaded onto the last ones, where it would read
+as an effect of output length. ``sequential`` measures each configuration's runs back to back,
+one configuration after another. Every run's round, position in its round and start time
+(seconds since the first measured run) go into the JSON beside its raw timestamps
+(``schedule``), so drift can be seen.
+
+Each engine is built once for the whole sweep, and a configuration is prepared once (the fast
+engine keeps every prepared shape), so a compiling engine compiles once per shape; the time its
+`prepare` takes is in that result's ``prepare_ms``. A configuration that runs out of device
+memory becomes an "oom" row and the sweep goes on. On Ctrl-C, each configuration keeps the runs
+it has measured (fewer than asked where its rounds were not all done).
 """
 
 from __future__ import annotations
 
+import random
 import sys
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -28,15 +42,27 @@ from inferlab.measure import fingerprint as fingerprints
 from inferlab.suite import hypotheses
 from inferlab.look import html_report, plots
 from inferlab.look.tables import csv_text, markdown_text, title
-from inferlab.measure.bench import BenchConfig, BenchResult, check_fits, failed_result, run_benchmark
+from inferlab.measure.bench import (SPLIT_ENGINES, BenchConfig, BenchResult, Costs, PreparedCase, measure_costs, check_fits, failed_result,
+                                    prepare_case)
+from inferlab.measure.metrics import RunTimes
 from inferlab.model.devices import dtype_name
 from inferlab.decode.engines import ENGINE_NAMES, make_engine
-from inferlab.errors import UsageError
+from inferlab.errors import UsageError, first_line
 from inferlab.model.registry import LoadedModel
 from inferlab.decode.sampling import SamplingConfig
 from inferlab.storage import write_json_atomic, write_text_atomic
 
 SCHEMA = "inferlab.sweep/1"
+ORDERS = ("interleaved", "sequential")
+CUDA_ENGINES = ("eager", "hf", "fast")  # the engines users choose between
+CPU_ENGINES = ("eager",)  # keeps the CPU sweep to minutes
+
+
+def default_engines(device: torch.device, split: bool = False) -> tuple[str, ...]:
+    """The engines a sweep compares unless told: eager, hf and fast on CUDA, eager on the CPU;
+    only those that run a model split across devices when `split`."""
+    engines = CUDA_ENGINES if device.type == "cuda" else CPU_ENGINES
+    return tuple(e for e in engines if e in SPLIT_ENGINES) if split else engines
 
 
 def _check_unique(values: tuple, what: str) -> None:
@@ -63,10 +89,12 @@ class SweepConfig:
     output_lengths: tuple[int, ...] = (10, 50, 100, 500)
     prompt_lengths: tuple[int, ...] = (128,)
     batch_sizes: tuple[int, ...] = (1,)
-    warmup_runs: int = 2
+    warmup_runs: int = 1
     runs: int = 5
-    seed: int = 0
+    seed: int = 0  # the prompts', the sampler's and the interleaved order's
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    order: str = "interleaved"  # or "sequential" (see the module's docstring)
+    inject_delay_per_position_us: float = 0.0  # a known violation (inferlab.measure.inject); 0: off
 
     def __post_init__(self) -> None:
         for name in ("engines", "output_lengths", "prompt_lengths", "batch_sizes"):
@@ -84,17 +112,64 @@ class SweepConfig:
             raise UsageError(f"runs must be at least 1, got {self.runs}")
         if isinstance(self.warmup_runs, bool) or not isinstance(self.warmup_runs, int) or self.warmup_runs < 0:
             raise UsageError(f"warm-up runs must be 0 or more, got {self.warmup_runs}")
+        if self.order not in ORDERS:
+            raise UsageError(f"unknown order {self.order!r}: use {' or '.join(ORDERS)}")
+        if not self.inject_delay_per_position_us >= 0:
+            raise UsageError(f"the injected delay per position must be >= 0 us, got {self.inject_delay_per_position_us}")
 
     def bench_configs(self) -> tuple[BenchConfig, ...]:
-        """Every configuration, in the order measured: engine, then batch, prompt, output length."""
+        """Every configuration: engine, then batch, prompt, output length (the sequential order)."""
         return tuple(
             BenchConfig(engine=engine, prompt_length=prompt, batch_size=batch, output_length=output,
-                        warmup_runs=self.warmup_runs, runs=self.runs, seed=self.seed, sampling=self.sampling)
+                        warmup_runs=self.warmup_runs, runs=self.runs, seed=self.seed, sampling=self.sampling,
+                        inject_delay_per_position_us=self.inject_delay_per_position_us)
             for engine in self.engines
             for batch in self.batch_sizes
             for prompt in self.prompt_lengths
             for output in self.output_lengths
         )
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A measured run's place in the sweep: configuration `config` (an index into `bench_configs`),
+    in round `round`, at `position` within that round."""
+
+    config: int
+    round: int
+    position: int
+
+
+def measurement_order(count: int, runs: int, order: str, seed: int) -> tuple[Slot, ...]:
+    """Every measured run of `count` configurations, in the order measured.
+
+    interleaved: `runs` rounds, each a permutation of the configurations drawn from
+    ``random.Random(seed)``, anew each round. sequential: configuration after configuration;
+    a run's round is its index among its configuration's runs and its position the
+    configuration's index.
+    """
+    if order == "sequential":
+        return tuple(Slot(index, r, index) for index in range(count) for r in range(runs))
+    assert order == "interleaved", order
+    shuffler = random.Random(seed)
+    slots = []
+    for r in range(runs):
+        visit = list(range(count))
+        shuffler.shuffle(visit)
+        slots += [Slot(index, r, position) for position, index in enumerate(visit)]
+    return tuple(slots)
+
+
+@dataclass(frozen=True)
+class ScheduledRun:
+    """When a measured run ran: its round, its position in the round, its start (s since the first measured run)."""
+
+    round: int
+    position: int
+    start_s: float
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -127,8 +202,9 @@ class SweepReport:
     results: tuple[BenchResult, ...]
     verdicts: tuple[GroupVerdicts, ...]
     folder: Path
-    complete: bool  # False when interrupted: `results` holds the finished configurations
+    complete: bool  # False when interrupted: `results` holds what was measured (some with fewer runs)
     files: tuple[Path, ...] = ()
+    schedules: dict = field(default_factory=dict)  # result_stem -> tuple[ScheduledRun], one per run
 
 
 class Progress(Protocol):
@@ -198,28 +274,119 @@ def is_out_of_memory(error: BaseException) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError) or (isinstance(error, RuntimeError) and "out of memory" in str(error))
 
 
-def measure(loaded: LoadedModel, config: BenchConfig, bandwidth, engine, progress: Progress,
-            energy_meter=None, profile_trace: Path | None = None) -> BenchResult:
-    """One configuration; running out of memory gives a failed "oom" result instead of an error."""
-    finished = 0
+class _Measurement:
+    """The sweep's state while it runs: each configuration's prepared case, runs and schedule."""
 
-    def on_run(index: int) -> None:
-        nonlocal finished
-        finished += 1
-        progress.advance()
+    def __init__(self, loaded: LoadedModel, config: SweepConfig, bandwidth, engines: dict, folder: Path,
+                 progress: Progress, meter=None, profile: bool = False) -> None:
+        self.loaded, self.config, self.bandwidth, self.engines = loaded, config, bandwidth, engines
+        self.folder, self.progress = folder, progress
+        self.meter, self.profile = meter, profile
+        self.costs: dict[int, Costs] = {}
+        self.profiles: dict[int, object] = {}
+        self.bench_configs = config.bench_configs()
+        self.cases: dict[int, PreparedCase] = {}
+        self.failed: dict[int, BenchResult] = {}
+        self.runs: dict[int, list[RunTimes]] = {i: [] for i in range(len(self.bench_configs))}
+        self.schedule: dict[int, list[ScheduledRun]] = {i: [] for i in range(len(self.bench_configs))}
+        self.t0: float | None = None
 
-    try:
-        return run_benchmark(loaded, config, bandwidth, engine=engine, on_run=on_run, energy_meter=energy_meter,
-                             profile_trace=profile_trace)
-    except RuntimeError as error:
-        if not is_out_of_memory(error):
-            raise
-        message = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
-    # Outside the except block: the traceback (and the tensors its frames hold) is gone by now.
-    if loaded.device.type == "cuda":
-        torch.cuda.empty_cache()
-    progress.advance(config.runs - finished)
-    return failed_result(loaded, config, "oom", message)
+    def prepare(self, index: int) -> None:
+        """Prepare and warm up configuration `index` (once); out of memory makes it an "oom" row."""
+        if index in self.cases or index in self.failed:
+            return
+        bench_config = self.bench_configs[index]
+        self.progress.begin(result_stem(bench_config))
+        try:
+            case = prepare_case(self.loaded, bench_config, self.bandwidth, self.engines[bench_config.engine])
+        except RuntimeError as error:
+            if not is_out_of_memory(error):
+                raise
+            message = first_line(error)[:300]
+        else:
+            self.cases[index] = case
+            return
+        self._fail(index, message)
+
+    def measure(self, slot: Slot) -> None:
+        """One measured run of `slot`'s configuration; its result is saved once its last run is in."""
+        index = slot.config
+        self.prepare(index)
+        if index in self.failed:
+            return
+        self.progress.begin(result_stem(self.bench_configs[index]))
+        now = time.perf_counter()
+        self.t0 = now if self.t0 is None else self.t0
+        start_s = now - self.t0
+        try:
+            run = self.cases[index].measure_one()
+        except RuntimeError as error:
+            if not is_out_of_memory(error):
+                raise
+            message = first_line(error)[:300]
+        else:
+            self.runs[index].append(run)
+            self.schedule[index].append(ScheduledRun(slot.round, slot.position, start_s))
+            self.progress.advance()
+            if len(self.runs[index]) == self.config.runs:
+                self.finish(index)
+                self.save(index)
+            return
+        self._fail(index, message)
+
+    def finish(self, index: int) -> None:
+        """After a configuration's last timed run: what its requests cost, and its profile if asked for."""
+        case = self.cases[index]
+        self.costs[index] = measure_costs(case, self.meter)
+        if self.profile:
+            stem = result_stem(self.bench_configs[index])
+            self.profiles[index] = case.profile(self.folder / "profiles" / f"{stem}.trace.json")
+
+    def _fail(self, index: int, message: str) -> None:
+        """Make configuration `index` an "oom" row. Called after the except block has ended, so the
+        traceback (and the tensors its frames hold) is gone before the cache is emptied."""
+        self.cases.pop(index, None)
+        if self.loaded.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.progress.advance(self.config.runs - len(self.runs[index]))
+        self.runs[index], self.schedule[index] = [], []
+        self.failed[index] = failed_result(self.loaded, self.bench_configs[index], "oom", message)
+        self.save(index)
+
+    def result(self, index: int) -> BenchResult | None:
+        if index in self.failed:
+            return self.failed[index]
+        if not self.runs[index]:
+            return None
+        return self.cases[index].result(self.runs[index], self.costs.get(index), self.profiles.get(index))
+
+    def save(self, index: int) -> None:
+        stem = result_stem(self.bench_configs[index])
+        data = {**self.result(index).to_dict(), "schedule": [s.to_dict() for s in self.schedule[index]]}
+        write_json_atomic(self.folder / "results" / f"{stem}.json", data)
+
+    def save_unfinished(self) -> None:
+        """After an interrupt: each configuration with some runs but not all of them, as it stands."""
+        for index, runs in self.runs.items():
+            if runs and len(runs) < self.config.runs:
+                self.save(index)
+
+    def results(self) -> tuple[tuple[BenchResult, ...], dict]:
+        """Results in the configurations' order, and their schedules by result stem."""
+        results, schedules = [], {}
+        for index in range(len(self.bench_configs)):
+            result = self.result(index)
+            if result is not None:
+                results.append(result)
+                schedules[result_stem(result.config)] = tuple(self.schedule[index])
+        return tuple(results), schedules
+
+
+def bytes_per_step(results: Sequence[BenchResult]) -> list[float] | None:
+    """Each result's mean bytes read per decode step (weights + KV cache), when all have a roofline."""
+    if any(r.roofline is None for r in results):
+        return None
+    return [r.roofline.bytes_per_step for r in results]
 
 
 def group_verdicts(results: Sequence[BenchResult]) -> tuple[GroupVerdicts, ...]:
@@ -231,7 +398,7 @@ def group_verdicts(results: Sequence[BenchResult]) -> tuple[GroupVerdicts, ...]:
             groups[plots.series_key(result)].append(result)
     return tuple(
         GroupVerdicts(engine, prompt, batch, hypotheses.check_all(
-            [r.config.output_length for r in members], [r.runs for r in members]))
+            [r.config.output_length for r in members], [r.runs for r in members], bytes_per_step(members)))
         for (engine, prompt, batch), members in groups.items()
     )
 
@@ -268,23 +435,24 @@ def run_sweep(
     meter = energy.open_meter(loaded.output_device)  # once: it measures the counter's update interval
     if profile:
         (folder / "profiles").mkdir()
-    bench_configs = config.bench_configs()
-    results: list[BenchResult] = []
+    state = _Measurement(loaded, config, bandwidth, engines, folder, progress, meter, profile)
+    slots = measurement_order(len(state.bench_configs), config.runs, config.order, config.seed)
     interrupt = None
-    progress.start(len(bench_configs) * config.runs)
+    progress.start(len(slots))
     try:
-        for bench_config in bench_configs:
-            progress.begin(result_stem(bench_config))
-            trace = folder / "profiles" / f"{result_stem(bench_config)}.trace.json" if profile else None
-            result = measure(loaded, bench_config, bandwidth, engines[bench_config.engine], progress, meter, trace)
-            write_json_atomic(folder / "results" / f"{result_stem(bench_config)}.json", result.to_dict())
-            results.append(result)
+        if config.order == "interleaved":  # warm-ups first, every configuration, before any measured run
+            for index in range(len(state.bench_configs)):
+                state.prepare(index)
+        for slot in slots:
+            state.measure(slot)
     except KeyboardInterrupt as error:
         interrupt = error
+        state.save_unfinished()
     finally:
         progress.close()
-    report = SweepReport(config, sweep_fingerprint(loaded), tuple(results), group_verdicts(results), folder,
-                         complete=interrupt is None)
+    results, schedules = state.results()
+    report = SweepReport(config, sweep_fingerprint(loaded), results, group_verdicts(results), folder,
+                         complete=interrupt is None, schedules=schedules)
     report = write_outputs(report)
     if interrupt is not None:
         raise interrupt
@@ -310,6 +478,7 @@ def sweep_dict(report: SweepReport) -> dict:
         "complete": report.complete,
         "config": report.config.to_dict(),
         "fingerprint": report.fingerprint,
-        "results": [r.to_dict() for r in report.results],
+        "results": [{**r.to_dict(), "schedule": [s.to_dict() for s in report.schedules.get(result_stem(r.config), ())]}
+                    for r in report.results],
         "hypotheses": [g.to_dict() for g in report.verdicts],
     }

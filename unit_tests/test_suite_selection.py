@@ -1,0 +1,73 @@
+"""Which tests `pytest` runs from the repository root: the design card's command runs the GPU perf
+suite, plain `pytest` runs no benchmark. Checked in a copy of the root's conftest.py and pytest
+settings, with stand-in tests, in separate pytest processes."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+UNIT = '''
+def test_unit():
+    pass
+'''
+GPU_PERF = '''
+import pytest
+
+@pytest.mark.gpu
+@pytest.mark.perf
+def test_gpu_benchmark():
+    pass
+'''
+CPU_PERF = '''
+import pytest
+
+@pytest.mark.perf
+def test_cpu_benchmark():
+    pass
+'''
+
+
+@pytest.fixture
+def repo(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    shutil.copy(ROOT / "conftest.py", pytester.path / "conftest.py")
+    shutil.copy(ROOT / "pyproject.toml", pytester.path / "pyproject.toml")
+    for folder, name, text in (("unit_tests", "test_unit", UNIT), ("perf_tests", "test_decode_gpu", GPU_PERF),
+                               ("perf_tests", "test_decode_cpu", CPU_PERF)):
+        (pytester.path / folder).mkdir(exist_ok=True)
+        (pytester.path / folder / f"{name}.py").write_text(text)
+    return pytester
+
+
+def collected(result) -> list[str]:
+    return sorted(line.split("::")[-1] for line in result.stdout.lines if "::" in line)
+
+
+def test_plain_pytest_at_the_root_runs_the_unit_tests_and_no_benchmark(repo):
+    result = repo.runpytest_subprocess("--collect-only", "-q")
+    assert collected(result) == ["test_unit"]
+    result.stdout.fnmatch_lines(["*1/3 tests collected (2 deselected)*"])
+
+
+def test_the_design_cards_command_collects_the_gpu_perf_suite(repo):
+    result = repo.runpytest_subprocess("-m", "gpu", "--benchmark-autosave", "--collect-only", "-q")
+    assert collected(result) == ["test_gpu_benchmark"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["-m", "perf and not gpu"], ["test_cpu_benchmark"]),  # tox -e perf, from the root
+    (["perf_tests"], ["test_cpu_benchmark", "test_gpu_benchmark"]),
+    (["unit_tests"], ["test_unit"]),  # tox -e tests
+    (["--benchmark-autosave"], ["test_cpu_benchmark", "test_gpu_benchmark", "test_unit"]),
+])
+def test_perf_tests_run_when_asked_for(repo, args, expected):
+    assert collected(repo.runpytest_subprocess(*args, "--collect-only", "-q")) == expected
+
+
+def test_the_header_says_how_to_run_the_perf_tests_when_they_are_left_out(repo):
+    result = repo.runpytest_subprocess("--collect-only")
+    result.stdout.fnmatch_lines(["perf_tests: not run (ask for them: pytest -m gpu --benchmark-autosave*"])
