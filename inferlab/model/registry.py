@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 
 from inferlab.errors import UsageError
+from inferlab.model import folders
 from inferlab.model.layouts import Layout, load_kwargs
 
 TINYLLAMA_ID = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
@@ -89,8 +91,11 @@ class LoadedModel:
 
 def cache_dir() -> Path:
     """Where converted models are kept: $INFERLAB_CACHE, else ~/.cache/inferlab."""
-    root = os.environ.get("INFERLAB_CACHE") or os.path.join(Path.home(), ".cache", "inferlab")
-    return Path(root)
+    root = Path(os.environ.get("INFERLAB_CACHE") or os.path.join(Path.home(), ".cache", "inferlab"))
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"the model cache {root} (INFERLAB_CACHE) is a file, not a folder: "
+                         "point INFERLAB_CACHE at a folder, or unset it")
+    return root
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0, layout: Layout = Layout()) -> LoadedModel:
@@ -151,17 +156,26 @@ def cached_folder(target: Path, write) -> Path:
     """`target`, filled once by `write(staging folder)` and published by an atomic rename.
 
     A half-written folder is never seen as complete; when two processes race (the ranks of a
-    tensor-parallel launch), the loser's rename fails and it uses the winner's folder.
+    tensor-parallel launch), the loser's rename fails and it uses the winner's folder. A damaged
+    `target` (a truncated file, a corrupt config) is discarded and written again; staging
+    folders left by a killed writer are removed.
     """
-    if (target / "config.json").is_file():
+    if folders.cache_intact(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"cannot create the model cache {target.parent} ({error.strerror}): "
+                         "point INFERLAB_CACHE at a writable folder") from None
+    folders.remove_stale_staging(target)
+    if target.exists():
+        folders.discard(target)
+    staging = folders.staging_folder(target)
     try:
         write(staging)
         os.replace(staging, target)
     except OSError:
-        if not (target / "config.json").is_file():
+        if not folders.cache_intact(target):
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -222,8 +236,6 @@ def smollm2_package_folder() -> Path:
 def converted_smollm2() -> Path:
     """A folder holding SmolLM2-135M-Instruct as fp32 safetensors, converted from GGUF once."""
     target = cache_dir() / "smollm2-135m-instruct-q4_1"
-    if (target / "config.json").is_file():
-        return target
     return cached_folder(target, lambda staging: _convert_gguf(smollm2_package_folder(), staging))
 
 
@@ -251,21 +263,49 @@ def _tokenizer(folder: Path | str, **kwargs):
     return tokenizer
 
 
+# What transformers raises for a folder it cannot read: bad files, refused pickles, damaged safetensors.
+LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError, EOFError, SafetensorError)
+
+
+def _load_folder(name: str, path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """A local folder, checked first so that a broken one is one line naming the file at fault."""
+    folders.check_folder(path)
+    try:
+        model = _from_folder(path, device, dtype)
+    except pickle.UnpicklingError:
+        raise UsageError(f"{path / 'pytorch_model.bin'} is a pickled checkpoint that torch's safe loader "
+                         "(weights_only) refuses: convert it to safetensors where you trust its source") from None
+    except LOAD_ERRORS as error:
+        raise UsageError(f"could not load the model in {path} ({_reason(error)}): check its files, "
+                         "or save it again with save_pretrained") from None
+    if not folders.has_tokenizer(path):
+        return LoadedModel(name, model, None, "folder")
+    try:
+        tokenizer = _tokenizer(path)
+    except LOAD_ERRORS as error:
+        raise UsageError(f"the tokenizer files in {path} cannot be read ({_reason(error)}): "
+                         "copy them again from the model's source") from None
+    return LoadedModel(name, model, tokenizer, "folder")
+
+
+def _reason(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:160]
+
+
 def _load_pretrained(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     path = Path(name).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UsageError(f"{name} has no config.json: pass a folder saved by save_pretrained")
-        return LoadedModel(name, _from_folder(path, device, dtype), _tokenizer(path), "folder")
+        return _load_folder(name, path, device, dtype)
     if name.startswith((".", "/", "~")) or name.count("/") != 1:
         offline = ", ".join(OFFLINE_MODELS)
         raise UsageError(f"unknown model {name!r}: pass a Hugging Face id (org/name), a local folder, or one of {offline}")
     try:
         model = _from_folder(name, device, dtype, local_files_only=_hub_offline())
         tokenizer = _tokenizer(name, local_files_only=_hub_offline())
-    except (OSError, ValueError) as error:
+    except LOAD_ERRORS as error:
         offline = ", ".join(OFFLINE_MODELS)
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        reason = _reason(error)
         raise UsageError(
             f"could not load {name!r} from the Hugging Face cache or hub ({reason[:160]}): "
             f"download it where the hub is reachable, pass a local folder, or use an offline model: {offline}"
