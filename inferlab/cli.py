@@ -247,6 +247,7 @@ def cmd_generate(args) -> int:
     import torch
 
     from inferlab.measure.bench import check_fits
+    from inferlab.measure.memory import check_memory
     from inferlab.decode.loop import DecodeConfig, generate
     from inferlab.decode.prompts import from_texts
 
@@ -259,6 +260,7 @@ def cmd_generate(args) -> int:
                          "use smollm2-135m, or a model folder that holds tokenizer files")
     prompt = from_texts(loaded.tokenizer, args.prompt, loaded.device, chat=not args.no_chat)
     check_fits(loaded, prompt.length, args.max_new_tokens)
+    check_memory(loaded, prompt.batch_size, prompt.length, args.max_new_tokens)
     eos = loaded.model.generation_config.eos_token_id
     eos = tuple(eos) if isinstance(eos, (list, tuple)) else ((eos,) if eos is not None else ())
     config = DecodeConfig(args.max_new_tokens, sampling, args.ignore_eos, eos, loaded.tokenizer.pad_token_id)

@@ -12,6 +12,7 @@ from inferlab.measure import roofline
 from inferlab.decode.loop import DecodeConfig
 from inferlab.decode.engines import ENGINE_NAMES, make_engine
 from inferlab.errors import UsageError
+from inferlab.measure.memory import check_memory
 from inferlab.measure.metrics import RunTimes, summarize
 from inferlab.model.registry import LoadedModel
 from inferlab.decode.prompts import Prompt, from_ids, encode_texts, random_prompt
@@ -159,8 +160,11 @@ def run_benchmark(
     on_run=None,
 ) -> BenchResult:
     """Warm up, then time `config.runs` requests; return every raw timestamp."""
+    if config.prompt_text is None:  # before the prompt itself is allocated
+        check_memory(loaded, config.batch_size, config.prompt_length, config.output_length)
     prompt = build_prompt(loaded, config)
     check_fits(loaded, prompt.length, config.output_length)
+    check_memory(loaded, prompt.batch_size, prompt.length, config.output_length)
     device = loaded.device
     decode = decode_config(loaded, config)
     generator = torch.Generator(device=device).manual_seed(config.seed)

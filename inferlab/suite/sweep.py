@@ -193,8 +193,10 @@ def check_all_fit(loaded: LoadedModel, config: SweepConfig) -> None:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """A CUDA out-of-memory error, or any RuntimeError that says "out of memory"."""
-    return isinstance(error, torch.cuda.OutOfMemoryError) or (isinstance(error, RuntimeError) and "out of memory" in str(error))
+    """Out of memory: CUDA's error, Python's MemoryError, or a RuntimeError saying so (CPU: "can't allocate")."""
+    if isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and any(words in str(error) for words in ("out of memory", "can't allocate"))
 
 
 def measure(loaded: LoadedModel, config: BenchConfig, bandwidth, engine, progress: Progress) -> BenchResult:
@@ -208,7 +210,7 @@ def measure(loaded: LoadedModel, config: BenchConfig, bandwidth, engine, progres
 
     try:
         return run_benchmark(loaded, config, bandwidth, engine=engine, on_run=on_run)
-    except RuntimeError as error:
+    except (RuntimeError, MemoryError) as error:
         if not is_out_of_memory(error):
             raise
         message = (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
