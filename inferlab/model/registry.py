@@ -297,9 +297,7 @@ def _load_pretrained(name: str, device: torch.device, dtype: torch.dtype) -> Loa
     path = Path(name).expanduser()
     if path.is_dir():
         return _load_folder(name, path, device, dtype)
-    if name.startswith((".", "/", "~")) or name.count("/") != 1:
-        offline = ", ".join(OFFLINE_MODELS)
-        raise UsageError(f"unknown model {name!r}: pass a Hugging Face id (org/name), a local folder, or one of {offline}")
+    check_model_name(name)
     try:
         model = _from_folder(name, device, dtype, local_files_only=_hub_offline())
         tokenizer = _tokenizer(name, local_files_only=_hub_offline())
@@ -311,6 +309,19 @@ def _load_pretrained(name: str, device: torch.device, dtype: torch.dtype) -> Loa
             f"download it where the hub is reachable, pass a local folder, or use an offline model: {offline}"
         ) from None
     return LoadedModel(name, model, tokenizer, "hub")
+
+
+def check_model_name(name: str) -> None:
+    """UsageError unless `name` is an offline model, a sound local folder, or shaped like a hub id (org/name)."""
+    if name in OFFLINE_MODELS:
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        folders.check_folder(path)
+        return
+    if name.startswith((".", "/", "~")) or name.count("/") != 1 or not all(name.split("/")):
+        offline = ", ".join(OFFLINE_MODELS)
+        raise UsageError(f"unknown model {name!r}: pass a Hugging Face id (org/name), a local folder, or one of {offline}")
 
 
 def _hub_offline() -> bool:

@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -93,9 +94,11 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--inferlab-rounds must be at least 1")
     if config.getoption("--inferlab-warmup") < 0:
         raise pytest.UsageError("--inferlab-warmup must be 0 or more")
-    if config.getoption("--inferlab-inject-delay-ms") < 0:
-        raise pytest.UsageError("--inferlab-inject-delay-ms must be 0 or more")
+    delay = config.getoption("--inferlab-inject-delay-ms")
+    if not (math.isfinite(delay) and delay >= 0):
+        raise pytest.UsageError(f"--inferlab-inject-delay-ms must be a finite number of ms, 0 or more, got {delay}")
     cases_from_options(config)  # a bad --inferlab-* value stops here, as a usage error, before collection
+    _session(config)  # so do a bad --inferlab-device, --inferlab-dtype or --inferlab-model
 
 
 def _cuda_available() -> bool:
@@ -154,9 +157,13 @@ def _session(config: pytest.Config) -> Session:
     from inferlab.model.devices import resolve_device, resolve_dtype
     from inferlab.errors import UsageError
 
+    from inferlab.model.registry import check_model_name
+
     try:
         device = resolve_device(config.getoption("--inferlab-device"))
         dtype = resolve_dtype(config.getoption("--inferlab-dtype"), device)
+        if config.getoption("--inferlab-model") is not None:
+            check_model_name(config.getoption("--inferlab-model"))
     except UsageError as error:
         raise pytest.UsageError(str(error)) from None
     return Session(device, dtype, config.getoption("--inferlab-model"))
