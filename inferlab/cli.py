@@ -345,8 +345,10 @@ def cmd_sweep(args) -> int:
 def cmd_timing_demo(args) -> int:
     from inferlab.model.devices import resolve_device
     from inferlab.look.timing_demo import format_demo, run_demo
+    from inferlab.measure.memory import check_need
 
     device = resolve_device(args.device)
+    check_need(4 * args.size**2 * 2, device, f"--size {args.size}", "for its bf16 matrices", "choose a smaller --size")
     print(format_demo(run_demo(device, args.size, args.repeats)))
     return 0
 

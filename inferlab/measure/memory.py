@@ -67,11 +67,14 @@ def check_memory(loaded, batch_size: int, prompt_length: int, output_length: int
     """DoesNotFit, in one line, when the configuration's least need exceeds the free memory of `loaded.device`."""
     if loaded.layout.kind != "single":  # split over devices: no single device holds it all
         return
-    free = free_bytes(loaded.device) if free is None else free
     need = need_bytes(loaded.model.config, loaded.dtype, batch_size, prompt_length, output_length)
+    check_need(need, loaded.device, f"batch {batch_size} x (prompt {prompt_length} + output {output_length}) tokens",
+               "for the KV cache and activations", "lower the batch size or the lengths", free)
+
+
+def check_need(need: int, device: torch.device, what: str, purpose: str, advice: str, free: int | None = None) -> None:
+    """DoesNotFit, in one line, when `need` bytes exceed the free memory of `device`."""
+    free = free_bytes(device) if free is None else free
     if free is not None and need > free:
-        raise DoesNotFit(
-            f"batch {batch_size} x (prompt {prompt_length} + output {output_length}) tokens needs at least "
-            f"{need / 2**30:.3g} GiB for the KV cache and activations, more than the {free / 2**30:.3g} GiB free on "
-            f"{loaded.device}: lower the batch size or the lengths"
-        )
+        raise DoesNotFit(f"{what} needs at least {need / 2**30:.3g} GiB {purpose}, more than the "
+                         f"{free / 2**30:.3g} GiB free on {device}: {advice}")

@@ -33,7 +33,7 @@ from inferlab.decode.engines import ENGINE_NAMES, make_engine
 from inferlab.errors import UsageError
 from inferlab.model.registry import LoadedModel
 from inferlab.decode.sampling import SamplingConfig
-from inferlab.storage import write_json_atomic, write_text_atomic
+from inferlab.storage import save_json_or_fallback, write_json_atomic, write_text_atomic
 
 SCHEMA = "inferlab.sweep/1"
 
@@ -269,7 +269,7 @@ def run_sweep(
         for bench_config in bench_configs:
             progress.begin(result_stem(bench_config))
             result = measure(loaded, bench_config, bandwidth, engines[bench_config.engine], progress)
-            write_json_atomic(folder / "results" / f"{result_stem(bench_config)}.json", result.to_dict())
+            save_json_or_fallback(folder / "results" / f"{result_stem(bench_config)}.json", result.to_dict())
             results.append(result)
     except KeyboardInterrupt as error:
         interrupt = error
