@@ -48,3 +48,20 @@ def test_a_broken_model_folder_is_a_usage_error(pytester, monkeypatch, tmp_path)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--inferlab-device", "cpu", "--inferlab-model", str(folder))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert any("config.json is not valid JSON" in line for line in result.stderr.lines), result.stderr.str()
+
+
+HUGE_BATCH = '''
+from inferlab.pytest_plugin import PerfCase
+
+def test_huge(decode_benchmark):
+    decode_benchmark(PerfCase("eager", 4, 4, "ttft_ms", batch_size=100_000_000), model="tiny-random", rounds=3, warmup=0)
+'''
+
+
+def test_a_case_that_cannot_fit_fails_with_the_reason_before_allocating(pytester, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    pytester.makeconftest(CONFTEST)
+    pytester.makepyfile(test_huge=HUGE_BATCH)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--inferlab-device", "cpu")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*DoesNotFit: batch 100000000 x (prompt 4 + output 4) tokens needs at least*"])

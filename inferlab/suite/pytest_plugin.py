@@ -295,6 +295,7 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
     import torch
 
     from inferlab.measure.bench import BenchConfig, build_prompt, check_fits, decode_config, make_fingerprint, run_once
+    from inferlab.measure.memory import check_memory
     from inferlab.measure.metrics import summarize
     from inferlab.measure.clocks import clock_for
 
@@ -307,6 +308,7 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
         warmup = pytestconfig.getoption("--inferlab-warmup") if warmup is None else warmup
         config = BenchConfig(engine=case.engine, prompt_length=case.prompt_length, batch_size=case.batch_size,
                              output_length=case.output_length, warmup_runs=warmup, runs=rounds)
+        check_memory(loaded, case.batch_size, case.prompt_length, case.output_length)  # before the prompt is allocated
         prompt, decode = build_prompt(loaded, config), decode_config(loaded, config)
         check_fits(loaded, prompt.length, case.output_length)
         if hasattr(engine, "prepare"):
