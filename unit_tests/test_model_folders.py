@@ -137,3 +137,24 @@ def test_a_cache_path_that_is_a_file_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setenv("INFERLAB_CACHE", str(blocker))
     with pytest.raises(UsageError, match="is a file, not a folder: point INFERLAB_CACHE at a folder"):
         cache_dir()
+
+
+def test_a_damaged_hub_download_names_the_cache_folder_to_delete(saved, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    snapshot = tmp_path / "hub" / "models--org--tiny" / "snapshots" / ("a" * 40)
+    shutil.copytree(saved, snapshot)
+    truncate(snapshot / "model.safetensors")
+    (tmp_path / "hub" / "models--org--tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--org--tiny" / "refs" / "main").write_text("a" * 40)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-m", "inferlab.cli", "inspect", "org/tiny", "--device", "cpu"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    lines = [line for line in done.stderr.splitlines() if not line.startswith("loading ")]
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "the cached copy of 'org/tiny' is damaged" in lines[0]
+    assert f"delete {tmp_path / 'hub' / 'models--org--tiny'} and download it again" in lines[0]

@@ -303,12 +303,21 @@ def _load_pretrained(name: str, device: torch.device, dtype: torch.dtype) -> Loa
         tokenizer = _tokenizer(name, local_files_only=_hub_offline())
     except LOAD_ERRORS as error:
         offline = ", ".join(OFFLINE_MODELS)
-        reason = _reason(error)
+        if isinstance(error, (SafetensorError, pickle.UnpicklingError, EOFError)) or "valid JSON" in str(error):
+            raise UsageError(f"the cached copy of {name!r} is damaged ({_reason(error)}): delete "
+                             f"{hub_cache_folder(name)} and download it again") from None
         raise UsageError(
-            f"could not load {name!r} from the Hugging Face cache or hub ({reason[:160]}): "
+            f"could not load {name!r} from the Hugging Face cache or hub ({_reason(error)}): "
             f"download it where the hub is reachable, pass a local folder, or use an offline model: {offline}"
         ) from None
     return LoadedModel(name, model, tokenizer, "hub")
+
+
+def hub_cache_folder(model_id: str) -> Path:
+    """Where the Hugging Face hub keeps `model_id`'s files."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE) / ("models--" + model_id.replace("/", "--"))
 
 
 def check_model_name(name: str) -> None:
