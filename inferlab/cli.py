@@ -226,12 +226,14 @@ def cmd_trace(args) -> int:
 
     from inferlab.decode.prompts import from_texts, random_prompt
     from inferlab.look.trace import format_trace, trace_forward
+    from inferlab.measure.memory import check_memory
 
     prompt_length = _prompt_length(args, 8)
     loaded = _load(args)
     if args.prompt is not None:
         prompt = from_texts(loaded.tokenizer, [args.prompt] * args.batch_size, loaded.device)
     else:
+        check_memory(loaded, args.batch_size, prompt_length, 1)  # before the prompt is allocated
         generator = torch.Generator().manual_seed(0)
         prompt = random_prompt(loaded.model.config.vocab_size, prompt_length, args.batch_size, generator, loaded.device)
     if args.engine == "fast":

@@ -41,6 +41,7 @@ CASES = [
      "--prompt and --prompt-length both given"),
     ("trace", ["trace", "tiny-random", *CPU, "--prompt", "hi"], 2, "has no tokenizer (random weights)"),
     ("trace", ["trace", "tiny-random", *CPU, "--batch-size", "0"], 2, "expected a positive integer, got 0"),
+    ("trace", ["trace", "tiny-random", *CPU, "--batch-size", "1000000000"], 5, "needs at least"),
     ("generate", ["generate", "tiny-random", *CPU, "--prompt", "hi"], 2, "has no tokenizer, and generate needs one"),
     ("generate", ["generate", "tiny-random", *CPU, "--prompt", "hi", "--temperature", "inf"], 2,
      "expected a finite number, got 'inf'"),
