@@ -158,3 +158,15 @@ def test_a_damaged_hub_download_names_the_cache_folder_to_delete(saved, tmp_path
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert "the cached copy of 'org/tiny' is damaged" in lines[0]
     assert f"delete {tmp_path / 'hub' / 'models--org--tiny'} and download it again" in lines[0]
+
+
+def test_a_cache_that_cannot_be_written_is_exit_4_and_leaves_no_staging(tmp_path):
+    from inferlab.errors import WriteError
+
+    def full_disk(staging):
+        (staging / "config.json").write_text("{")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(WriteError, match="cannot write the model cache .*No space left on device"):
+        cached_folder(tmp_path / "tiny", full_disk)
+    assert list(tmp_path.iterdir()) == []

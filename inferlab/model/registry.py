@@ -24,7 +24,7 @@ import torch
 from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 
-from inferlab.errors import UsageError
+from inferlab.errors import UsageError, WriteError
 from inferlab.model import folders
 from inferlab.model.layouts import Layout, load_kwargs
 
@@ -129,6 +129,7 @@ def _load_placed(name: str, device: torch.device, dtype: torch.dtype, seed: int,
         folder, tokenizer, source = name, None, "hub"
         if Path(name).expanduser().is_dir():
             source = "folder"
+            folders.check_folder(Path(name).expanduser())
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
@@ -168,15 +169,16 @@ def cached_folder(target: Path, write) -> Path:
         raise UsageError(f"cannot create the model cache {target.parent} ({error.strerror}): "
                          "point INFERLAB_CACHE at a writable folder") from None
     folders.remove_stale_staging(target)
-    if target.exists():
+    if target.exists() and not folders.cache_intact(target):  # checked again: another rank may have just published it
         folders.discard(target)
     staging = folders.staging_folder(target)
     try:
         write(staging)
         os.replace(staging, target)
-    except OSError:
+    except OSError as error:
         if not folders.cache_intact(target):
-            raise
+            raise WriteError(f"cannot write the model cache {target} ({error.strerror or error}): free some space, "
+                             "or point INFERLAB_CACHE at a writable folder") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
