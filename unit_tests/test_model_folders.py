@@ -65,6 +65,7 @@ CASES = [
     ("no weights", lambda f: (f / "model.safetensors").unlink(), "has no weights"),
     ("truncated weights", lambda f: truncate(f / "model.safetensors"), "model.safetensors is damaged"),
     ("pickled weights", save_pickled, "pytorch_model.bin is a pickled checkpoint"),
+    ("truncated tokenizer", lambda f: (f / "tokenizer.json").write_text("{\"version\": "), "the tokenizer files in"),
 ]
 
 
