@@ -77,7 +77,7 @@ def spoil(data, run: dict) -> bytes:
             del parent[path[-1]]
     if how == "round":
         rounds = run["benchmarks"][0]["stats"]["data"]
-        spoilt = data.draw(st.sampled_from([math.nan, math.inf, -1.0, 0.0, 1e308, True, "1"]))
+        spoilt = data.draw(st.sampled_from([math.nan, math.inf, -1.0, 0.0, 1e308, 10**400, True, "1"]))
         rounds[:] = [spoilt] * len(rounds) if data.draw(st.booleans()) else [spoilt] + rounds[1:]
     if how == "few rounds":  # too few to show a run's noise
         rounds = run["benchmarks"][-1]["stats"]["data"]

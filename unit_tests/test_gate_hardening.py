@@ -66,6 +66,10 @@ def huge_rounds(data):
     data["benchmarks"][0]["stats"]["data"] = [1e308, 1e308, 1e308]
 
 
+def huge_integer_rounds(data):
+    data["benchmarks"][0]["stats"]["data"] = [10**400] * 3  # valid JSON; too big for a float
+
+
 def rounds_not_a_list(data):
     data["benchmarks"][0]["stats"]["data"] = {"a": 1.0}
 
@@ -74,6 +78,7 @@ def rounds_not_a_list(data):
     (machine_as_string, "machine_info.inferlab is a str, not an object"),
     (huge_rounds, "not positive numbers of seconds below"),
     (rounds_not_a_list, "not positive numbers of seconds below"),
+    (huge_integer_rounds, "not positive numbers of seconds below"),
 ])
 def test_malformed_fields_are_one_line(tmp_path, capsys, spoil, fragment):
     data = run_dict([entry(case, noisy_rounds(m, i)) for i, (case, m) in enumerate(SUITE.items())])
