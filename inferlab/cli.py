@@ -1,16 +1,21 @@
 """The `inferlab` command: argparse lives here and nowhere else.
 
-Every error a user can cause ends as one line on stderr and exit code 2.
+Every error ends as one line on stderr with its own exit code (`inferlab.errors` lists them):
+2 for bad input, 4 for a result that cannot be written, 5 for out of memory; exit 1 is the
+gate's FAIL and nothing else.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import signal
 import sys
 from pathlib import Path
 
+from inferlab import errors
 from inferlab.errors import UsageError, first_line
 from inferlab.names import ENGINE_NAMES
 
@@ -35,6 +40,26 @@ def _int_at_least(minimum: int, wording: str):
 _positive_int = _int_at_least(1, "a positive integer")
 _non_negative_int = _int_at_least(0, "an integer >= 0")
 
+MAX_SEED = 2**63 - 1  # torch generators and int64 fields take seeds up to here
+
+
+def _seed(text: str) -> int:
+    value = _non_negative_int(text)
+    if value > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"expected an integer from 0 to 2**63 - 1, got {text}")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    """An argparse type: a finite float; inf and nan are refused in one line."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
 
 def _add_model_args(parser: argparse.ArgumentParser, optional_model: bool = False) -> None:
     help_text = "Hugging Face id, local folder, or smollm2-135m / tinyllama-1.1b-random / tiny-random"
@@ -48,10 +73,10 @@ def _add_model_args(parser: argparse.ArgumentParser, optional_model: bool = Fals
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("sampling", SAMPLING_HELP)
-    group.add_argument("--temperature", type=float, default=None)
+    group.add_argument("--temperature", type=_finite_float, default=None)
     group.add_argument("--top-k", type=int, default=None)
-    group.add_argument("--top-p", type=float, default=None)
-    group.add_argument("--seed", type=int, default=0, help="seeds the sampler's generator and random prompts")
+    group.add_argument("--top-p", type=_finite_float, default=None)
+    group.add_argument("--seed", type=_seed, default=0, help="seeds the sampler's generator and random prompts")
 
 
 def _add_bench_args(parser: argparse.ArgumentParser, warmup: int = 2) -> None:
@@ -88,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     trace = commands.add_parser("trace", help="one prefill and one cached decode step, stage by stage, with shapes")
     _add_model_args(trace)
     trace.add_argument("--prompt", default=None, help="text prompt (default: random ids, see --prompt-length)")
-    trace.add_argument("--prompt-length", type=_positive_int, default=8)
+    trace.add_argument("--prompt-length", type=_positive_int, default=None, help="random prompt length (default 8)")
     trace.add_argument("--batch-size", type=_positive_int, default=1)
     trace.add_argument("--all-layers", action="store_true", help="show every decoder layer, not only the first")
     trace.add_argument("--engine", choices=("eager", "fast"), default="eager",
@@ -108,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(bench, optional_model=True)
     bench.add_argument("--engine", default="eager", help=f"one of {', '.join(ENGINE_NAMES)} (default eager)")
     bench.add_argument("--prompt", default=None, help="text prompt instead of random ids")
-    bench.add_argument("--prompt-length", type=int, default=128, help="random prompt length in tokens (default 128)")
+    bench.add_argument("--prompt-length", type=_positive_int, default=None, help="random prompt length in tokens (default 128)")
     bench.add_argument("--batch-size", type=int, default=1)
     bench.add_argument("--output-length", type=int, default=128, help="tokens generated, EOS ignored (default 128)")
     bench.add_argument("--events", choices=("per-token", "endpoints"), default="per-token",
@@ -143,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--base-runs", nargs="+", type=Path, default=[], help="more repeats of the base run")
     gate.add_argument("--head-runs", nargs="+", type=Path, default=[], help="more repeats of the head run")
     gate.add_argument("--threshold", default="5%", help="slowdown that counts, e.g. 5%% or tpot_ms=3%%,default=5%%")
-    gate.add_argument("--confidence", type=float, default=0.95, help="family-wise confidence (default 0.95)")
+    gate.add_argument("--confidence", type=_finite_float, default=0.95, help="family-wise confidence (default 0.95)")
     gate.add_argument("--run-noise", default="0.01",
                       help="process-to-process spread of a run's median, as a fraction (default 0.01), or "
                            "'calibrated': the newest record inferlab ab saved for this machine")
@@ -169,10 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--base-cmd", default=None, help="instead of revisions: the base side's command, writing a run to {out}")
     ab.add_argument("--head-cmd", default=None, help="the head side's command")
     ab.add_argument("--threshold", default="5%", help="slowdown that counts, e.g. 5%% or tpot_ms=3%%,default=5%%")
-    ab.add_argument("--confidence", type=float, default=0.95, help="family-wise, over benchmarks and looks (default 0.95)")
+    ab.add_argument("--confidence", type=_finite_float, default=0.95, help="family-wise, over benchmarks and looks (default 0.95)")
     ab.add_argument("--min-pairs", type=_positive_int, default=3, help="pairs before the first look (default 3)")
     ab.add_argument("--max-pairs", type=_positive_int, default=20, help="stop after this many pairs (default 20)")
-    ab.add_argument("--max-minutes", type=float, default=15.0, help="start no pair that would end later (default 15)")
+    ab.add_argument("--max-minutes", type=_finite_float, default=15.0, help="start no pair that would end later (default 15)")
     ab.add_argument("--out", type=Path, default=Path("results"), help="runs and ab.json go to a new folder here")
     ab.add_argument("--noise-store", type=Path, default=None, help="where the measured run noise is saved (default .inferlab/run-noise)")
 
@@ -201,6 +226,13 @@ def _sampling(args):
         )
     except ValueError as error:
         raise UsageError(f"{error}: fix --temperature / --top-k / --top-p") from None
+
+
+def _prompt_length(args, default: int) -> int:
+    """--prompt-length, or its default; a usage error when --prompt is given too (one of them would be ignored)."""
+    if args.prompt is not None and args.prompt_length is not None:
+        raise UsageError("--prompt and --prompt-length both given: pass a text prompt or a random prompt length, not both")
+    return default if args.prompt_length is None else args.prompt_length
 
 
 def _load(args, default: bool = False):
@@ -242,13 +274,16 @@ def cmd_trace(args) -> int:
 
     from inferlab.decode.prompts import from_texts, random_prompt
     from inferlab.look.trace import format_trace, trace_forward
+    from inferlab.model.fit import check_memory
 
+    prompt_length = _prompt_length(args, 8)
     loaded = _load(args)
     if args.prompt is not None:
         prompt = from_texts(loaded.tokenizer, [args.prompt] * args.batch_size, loaded.device)
     else:
+        check_memory(loaded, args.batch_size, prompt_length, 1)  # before the prompt is allocated
         generator = torch.Generator().manual_seed(0)
-        prompt = random_prompt(loaded.model.config.vocab_size, args.prompt_length, args.batch_size, generator, loaded.device)
+        prompt = random_prompt(loaded.model.config.vocab_size, prompt_length, args.batch_size, generator, loaded.device)
     if args.engine == "fast":
         from inferlab.look.fast_trace import format_fast_trace, trace_fast_decode
 
@@ -262,6 +297,7 @@ def cmd_generate(args) -> int:
     import torch
 
     from inferlab.measure.bench import check_fits
+    from inferlab.model.fit import check_memory
     from inferlab.decode.loop import DecodeConfig, eos_token_ids, generate
     from inferlab.decode.prompts import from_texts
 
@@ -269,8 +305,12 @@ def cmd_generate(args) -> int:
     if any(not text.strip() for text in args.prompt):
         raise UsageError("empty prompt: pass some text with --prompt")
     loaded = _load(args)
+    if loaded.tokenizer is None:
+        raise UsageError(f"{loaded.name} has no tokenizer, and generate needs one to read --prompt: "
+                         "use smollm2-135m, or a model folder that holds tokenizer files")
     prompt = from_texts(loaded.tokenizer, args.prompt, loaded.device, chat=not args.no_chat)
     check_fits(loaded, prompt.length, args.max_new_tokens)
+    check_memory(loaded, prompt.batch_size, prompt.length, args.max_new_tokens)
     eos = eos_token_ids(loaded.model.generation_config)
     config = DecodeConfig(args.max_new_tokens, sampling, args.ignore_eos, eos, loaded.tokenizer.pad_token_id)
     generator = torch.Generator(device=loaded.device).manual_seed(args.seed)
@@ -301,10 +341,10 @@ def cmd_bench(args) -> int:
     from inferlab.model import layouts
     from inferlab.measure.bench import BenchConfig, run_benchmark
     from inferlab.look.tables import format_result
-    from inferlab.storage import new_run_folder, write_json_atomic
+    from inferlab.storage import new_run_folder, save_json_or_fallback
 
     config = BenchConfig(
-        engine=args.engine, prompt_length=args.prompt_length, prompt_text=args.prompt, batch_size=args.batch_size,
+        engine=args.engine, prompt_length=_prompt_length(args, 128), prompt_text=args.prompt, batch_size=args.batch_size,
         output_length=args.output_length, warmup_runs=args.warmup, runs=args.runs, seed=args.seed,
         sampling=_sampling(args), per_token_events=args.events == "per-token",
     )
@@ -315,8 +355,8 @@ def cmd_bench(args) -> int:
     result = run_benchmark(loaded, config, _bandwidth(loaded, args.no_probe), profile_trace=trace)
     if not reporting:
         return 0
-    path = write_json_atomic(folder / "bench.json", result.to_dict())
     print(format_result(result))
+    path = save_json_or_fallback(folder / "bench.json", result.to_dict())
     print(f"saved {path}")
     return 0
 
@@ -345,9 +385,10 @@ def cmd_sweep(args) -> int:
     try:
         report = sweep.run_sweep(loaded, config, folder, _bandwidth(loaded, args.no_probe), sweep.TqdmProgress(),
                                  profile=args.profile)
-    except KeyboardInterrupt:
-        print(f"inferlab: interrupted: finished configurations are saved in {folder}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        how = "stopped by SIGTERM" if isinstance(stop, errors.Terminated) else "interrupted"
+        print(f"inferlab: {how}: finished configurations are saved in {folder}", file=sys.stderr)
+        return errors.EXIT_TERMINATED if isinstance(stop, errors.Terminated) else errors.EXIT_INTERRUPTED
     print(tables.format_sweep_table(report))
     print(f"saved {folder}")
     return 0
@@ -356,8 +397,10 @@ def cmd_sweep(args) -> int:
 def cmd_timing_demo(args) -> int:
     from inferlab.model.devices import resolve_device
     from inferlab.look.timing_demo import format_demo, run_demo
+    from inferlab.model.fit import check_need
 
     device = resolve_device(args.device)
+    check_need(4 * args.size**2 * 2, device, f"--size {args.size}", "for its bf16 matrices", "choose a smaller --size")
     print(format_demo(run_demo(device, args.size, args.repeats)))
     return 0
 
@@ -409,7 +452,9 @@ def _run_noise(text: str, store: Path | None, head_run):
         value = float(text)
     except ValueError:
         raise UsageError(f"--run-noise must be a fraction such as 0.01 or 'calibrated', got {text!r}") from None
-    if not value >= 0:
+    if not math.isfinite(value):
+        raise UsageError(f"--run-noise: expected a finite number, got {text!r}")
+    if value < 0:
         raise UsageError(f"--run-noise must be >= 0, got {text}")
     return value
 
@@ -552,9 +597,37 @@ def _launch_if_needed(args, argv: list[str]) -> int | None:
     return None
 
 
+def _is_out_of_memory(error: BaseException) -> bool:
+    if isinstance(error, MemoryError):
+        return True
+    if "torch" not in sys.modules:
+        return False
+    from inferlab.suite.sweep import is_out_of_memory
+
+    return is_out_of_memory(error)
+
+
+def _raise_terminated(signum, frame):
+    raise errors.Terminated()
+
+
+def _handle_sigterm():
+    """SIGTERM (CI, `timeout`) raises Terminated, a KeyboardInterrupt, so it cleans up as Ctrl-C does."""
+    try:
+        return signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread: signals cannot be handled here
+        return None
+
+
+def _fail(error: BaseException, code: int, prefix: str = "error") -> int:
+    print(f"inferlab: {prefix}: {first_line(error)}", file=sys.stderr)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
+    previous = _handle_sigterm()
     try:
         if args.command == "sweep" and args.engines is None:
             args.engines = list(_default_sweep_engines(args))
@@ -563,12 +636,26 @@ def main(argv: list[str] | None = None) -> int:
             return launched
         return COMMANDS[args.command](args)
     except UsageError as error:
-        message = first_line(error)
-        print(f"inferlab: error: {message}", file=sys.stderr)
-        return 2
+        return _fail(error, errors.EXIT_USAGE)
+    except errors.WriteError as error:
+        return _fail(error, errors.EXIT_WRITE)
+    except errors.Terminated:
+        print("inferlab: stopped by SIGTERM", file=sys.stderr)
+        return errors.EXIT_TERMINATED
     except KeyboardInterrupt:
         print("inferlab: interrupted", file=sys.stderr)
-        return 130
+        return errors.EXIT_INTERRUPTED
+    except Exception as error:  # one line, not a traceback; never exit 1, which is the gate's FAIL
+        if _is_out_of_memory(error):
+            return _fail(error, errors.EXIT_MEMORY, "out of memory")
+        if os.environ.get("INFERLAB_TRACEBACK"):
+            raise
+        print(f"inferlab: internal error: {type(error).__name__}: {first_line(error)[:300]} "
+              "(a bug: set INFERLAB_TRACEBACK=1 for the traceback and report it)", file=sys.stderr)
+        return errors.EXIT_INTERNAL
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from inferlab.errors import UsageError
+from inferlab.errors import UsageError, WriteError
 
 
 def write_text_atomic(path: Path, text: str, overwrite: bool = False) -> Path:
@@ -21,7 +22,10 @@ def write_bytes_atomic(path: Path, data: bytes, overwrite: bool = False) -> Path
     path = Path(path)
     if path.exists() and not overwrite:
         raise UsageError(f"{path} exists and is kept: choose another output path")
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as error:
+        raise _write_error(path, error) from None
     try:
         with os.fdopen(descriptor, "wb") as handle:
             handle.write(data)
@@ -35,11 +39,25 @@ def write_bytes_atomic(path: Path, data: bytes, overwrite: bool = False) -> Path
     except FileExistsError:
         os.unlink(temporary)
         raise UsageError(f"{path} exists and is kept: choose another output path") from None
+    except OSError as error:
+        _remove_quietly(temporary)
+        raise _write_error(path, error) from None
     except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
+        _remove_quietly(temporary)
         raise
     return path
+
+
+def _write_error(path: Path, error: OSError) -> WriteError:
+    reason = error.strerror or type(error).__name__
+    return WriteError(f"cannot write {path} ({reason}): free some space or choose a writable path")
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
 
 
 def _umask() -> int:
@@ -64,6 +82,25 @@ def _publish_exclusive(temporary: str, path: Path) -> None:
 def write_json_atomic(path: Path, data: dict, overwrite: bool = False) -> Path:
     """`data` as indented JSON, written atomically."""
     return write_text_atomic(path, json.dumps(data, indent=2, sort_keys=False) + "\n", overwrite)
+
+
+def save_json_or_fallback(path: Path, data: dict, stdout=None) -> Path:
+    """Write a measurement to `path`; if that fails, to a new file in the temporary folder, else print it in full.
+
+    A measurement is never lost to a full disk or a read-only folder: the WriteError raised names
+    where the data went instead.
+    """
+    try:
+        return write_json_atomic(path, data)
+    except WriteError as error:
+        text = json.dumps(data, indent=2) + "\n"
+        fallback = Path(tempfile.gettempdir()) / f"inferlab-unsaved-{os.getpid()}-{Path(path).name}"
+        try:
+            where = f"saved instead to {write_text_atomic(fallback, text)}"
+        except (WriteError, UsageError):
+            (stdout or sys.stdout).write(text)
+            where = "printed in full on stdout instead"
+        raise WriteError(f"{error}; the measurement was {where}") from None
 
 
 def writable_folder(folder: Path) -> Path:

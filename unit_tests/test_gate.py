@@ -127,8 +127,8 @@ def test_bonferroni_level_and_replicates():
 
 def test_several_runs_per_side_average_log_medians(tmp_path):
     """Constant rounds: the ratio is exp(mean log head medians - mean log base medians) exactly."""
-    def const(path, median):
-        return write(path, run_dict([entry("eager-n8-tpot_ms", [median] * 5)]))
+    def const(path, median):  # each file its own session (datetime): separate runs, not one run given twice
+        return write(path, {**run_dict([entry("eager-n8-tpot_ms", [median] * 5)]), "datetime": path.name})
 
     base = [const(tmp_path / "b1.json", 1.0), const(tmp_path / "b2.json", 4.0)]
     head = [const(tmp_path / "h1.json", 2.0), const(tmp_path / "h2.json", 2.0)]

@@ -14,6 +14,7 @@ from inferlab.measure import roofline
 from inferlab.decode.loop import DecodeConfig
 from inferlab.decode.engines import ENGINE_NAMES, make_engine
 from inferlab.errors import UsageError
+from inferlab.model.fit import check_memory
 from inferlab.measure.metrics import RunTimes, summarize
 from inferlab.model.registry import LoadedModel
 from inferlab.decode.prompts import Prompt, from_ids, encode_texts, random_prompt
@@ -258,14 +259,16 @@ def prepare_case(
     engine=None,
 ) -> PreparedCase:
     """Build the prompt, prepare the engine for it (timed, never in TPOT) and run the warm-ups."""
+    if config.prompt_text is None:  # before the prompt itself is allocated
+        check_memory(loaded, config.batch_size, config.prompt_length, config.output_length)
     prompt = build_prompt(loaded, config)
     check_fits(loaded, prompt.length, config.output_length)
+    check_memory(loaded, prompt.batch_size, prompt.length, config.output_length)
     device = loaded.device
     decode = decode_config(loaded, config)
     generator = torch.Generator(device=device).manual_seed(config.seed)
 
     check_engine_layout(config.engine, loaded.layout)
-    memory.reset_peaks(device)
     prepare_start = time.perf_counter()
     engine = engine or make_engine(config.engine, loaded.model)
     engine.prepare(prompt, decode)  # compilation and graph capture: timed here, never in TPOT

@@ -15,15 +15,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pickle
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 
-from inferlab.errors import UsageError, first_line
+from inferlab.errors import UsageError, WriteError, first_line
+from inferlab.model import folders
 from inferlab.model.layouts import Layout, load_kwargs
 
 TINYLLAMA_ID = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
@@ -89,8 +91,11 @@ class LoadedModel:
 
 def cache_dir() -> Path:
     """Where converted models are kept: $INFERLAB_CACHE, else ~/.cache/inferlab."""
-    root = os.environ.get("INFERLAB_CACHE") or os.path.join(Path.home(), ".cache", "inferlab")
-    return Path(root)
+    root = Path(os.environ.get("INFERLAB_CACHE") or os.path.join(Path.home(), ".cache", "inferlab"))
+    if root.exists() and not root.is_dir():
+        raise UsageError(f"the model cache {root} (INFERLAB_CACHE) is a file, not a folder: "
+                         "point INFERLAB_CACHE at a folder, or unset it")
+    return root
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype, seed: int = 0, layout: Layout = Layout()) -> LoadedModel:
@@ -124,6 +129,7 @@ def _load_placed(name: str, device: torch.device, dtype: torch.dtype, seed: int,
         folder, tokenizer, source = name, None, "hub"
         if Path(name).expanduser().is_dir():
             source = "folder"
+            folders.check_folder(Path(name).expanduser())
     from transformers import AutoConfig
 
     config = AutoConfig.from_pretrained(folder, trust_remote_code=False)
@@ -151,18 +157,28 @@ def cached_folder(target: Path, write) -> Path:
     """`target`, filled once by `write(staging folder)` and published by an atomic rename.
 
     A half-written folder is never seen as complete; when two processes race (the ranks of a
-    tensor-parallel launch), the loser's rename fails and it uses the winner's folder.
+    tensor-parallel launch), the loser's rename fails and it uses the winner's folder. A damaged
+    `target` (a truncated file, a corrupt config) is discarded and written again; staging
+    folders left by a killed writer are removed.
     """
-    if (target / "config.json").is_file():
+    if folders.cache_intact(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise UsageError(f"cannot create the model cache {target.parent} ({error.strerror}): "
+                         "point INFERLAB_CACHE at a writable folder") from None
+    folders.remove_stale_staging(target)
+    if target.exists() and not folders.cache_intact(target):  # checked again: another rank may have just published it
+        folders.discard(target)
+    staging = folders.staging_folder(target)
     try:
         write(staging)
         os.replace(staging, target)
-    except OSError:
-        if not (target / "config.json").is_file():
-            raise
+    except OSError as error:
+        if not folders.cache_intact(target):
+            raise WriteError(f"cannot write the model cache {target} ({error.strerror or error}): free some space, "
+                             "or point INFERLAB_CACHE at a writable folder") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target
@@ -228,8 +244,6 @@ def smollm2_package_folder() -> Path:
 def converted_smollm2() -> Path:
     """A folder holding SmolLM2-135M-Instruct as fp32 safetensors, converted from GGUF once."""
     target = cache_dir() / "smollm2-135m-instruct-q4_1"
-    if (target / "config.json").is_file():
-        return target
     return cached_folder(target, lambda staging: _convert_gguf(smollm2_package_folder(), staging))
 
 
@@ -257,26 +271,73 @@ def _tokenizer(folder: Path | str, **kwargs):
     return tokenizer
 
 
+# What transformers raises for a folder it cannot read: bad files, refused pickles, damaged safetensors.
+LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, pickle.UnpicklingError, EOFError, SafetensorError)
+
+
+def _load_folder(name: str, path: Path, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """A local folder, checked first so that a broken one is one line naming the file at fault."""
+    folders.check_folder(path)
+    try:
+        model = _from_folder(path, device, dtype)
+    except pickle.UnpicklingError:
+        raise UsageError(f"{path / 'pytorch_model.bin'} is a pickled checkpoint that torch's safe loader "
+                         "(weights_only) refuses: convert it to safetensors where you trust its source") from None
+    except LOAD_ERRORS as error:
+        raise UsageError(f"could not load the model in {path} ({_reason(error)}): check its files, "
+                         "or save it again with save_pretrained") from None
+    if not folders.has_tokenizer(path):
+        return LoadedModel(name, model, None, "folder")
+    try:
+        tokenizer = _tokenizer(path)
+    except LOAD_ERRORS as error:
+        raise UsageError(f"the tokenizer files in {path} cannot be read ({_reason(error)}): "
+                         "copy them again from the model's source") from None
+    return LoadedModel(name, model, tokenizer, "folder")
+
+
+def _reason(error: BaseException) -> str:
+    return first_line(error)[:160]
+
+
 def _load_pretrained(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     path = Path(name).expanduser()
     if path.is_dir():
-        if not (path / "config.json").is_file():
-            raise UsageError(f"{name} has no config.json: pass a folder saved by save_pretrained")
-        return LoadedModel(name, _from_folder(path, device, dtype), _tokenizer(path), "folder")
-    if name.startswith((".", "/", "~")) or name.count("/") != 1:
-        offline = ", ".join(OFFLINE_MODELS)
-        raise UsageError(f"unknown model {name!r}: pass a Hugging Face id (org/name), a local folder, or one of {offline}")
+        return _load_folder(name, path, device, dtype)
+    check_model_name(name)
     try:
         model = _from_folder(name, device, dtype, local_files_only=_hub_offline())
         tokenizer = _tokenizer(name, local_files_only=_hub_offline())
-    except (OSError, ValueError) as error:
+    except LOAD_ERRORS as error:
         offline = ", ".join(OFFLINE_MODELS)
-        reason = first_line(error)
+        if isinstance(error, (SafetensorError, pickle.UnpicklingError, EOFError)) or "valid JSON" in str(error):
+            raise UsageError(f"the cached copy of {name!r} is damaged ({_reason(error)}): delete "
+                             f"{hub_cache_folder(name)} and download it again") from None
         raise UsageError(
-            f"could not load {name!r} from the Hugging Face cache or hub ({reason[:160]}): "
+            f"could not load {name!r} from the Hugging Face cache or hub ({_reason(error)}): "
             f"download it where the hub is reachable, pass a local folder, or use an offline model: {offline}"
         ) from None
     return LoadedModel(name, model, tokenizer, "hub")
+
+
+def hub_cache_folder(model_id: str) -> Path:
+    """Where the Hugging Face hub keeps `model_id`'s files."""
+    from huggingface_hub import constants
+
+    return Path(constants.HF_HUB_CACHE) / ("models--" + model_id.replace("/", "--"))
+
+
+def check_model_name(name: str) -> None:
+    """UsageError unless `name` is an offline model, a sound local folder, or shaped like a hub id (org/name)."""
+    if name in OFFLINE_MODELS:
+        return
+    path = Path(name).expanduser()
+    if path.is_dir():
+        folders.check_folder(path)
+        return
+    if name.startswith((".", "/", "~")) or name.count("/") != 1 or not all(name.split("/")):
+        offline = ", ".join(OFFLINE_MODELS)
+        raise UsageError(f"unknown model {name!r}: pass a Hugging Face id (org/name), a local folder, or one of {offline}")
 
 
 def _hub_offline() -> bool:

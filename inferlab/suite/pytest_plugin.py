@@ -24,6 +24,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import pytest
@@ -133,9 +134,11 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError("--inferlab-min-rounds must be at least 1")
     if config.getoption("--inferlab-max-seconds") < 0:
         raise pytest.UsageError("--inferlab-max-seconds must be 0 or more")
-    if config.getoption("--inferlab-inject-delay-ms") < 0:
-        raise pytest.UsageError("--inferlab-inject-delay-ms must be 0 or more")
+    delay = config.getoption("--inferlab-inject-delay-ms")
+    if not (math.isfinite(delay) and delay >= 0):
+        raise pytest.UsageError(f"--inferlab-inject-delay-ms must be a finite number of ms, 0 or more, got {delay}")
     cases_from_options(config)  # a bad --inferlab-* value stops here, as a usage error, before collection
+    _session(config)  # so do a bad --inferlab-device, --inferlab-dtype or --inferlab-model
     config.stash[_BUDGETS] = _pyproject_budgets(config)
 
 
@@ -229,9 +232,13 @@ def _session(config: pytest.Config) -> Session:
     from inferlab.model.devices import resolve_device, resolve_dtype
     from inferlab.errors import UsageError
 
+    from inferlab.model.registry import check_model_name
+
     try:
         device = resolve_device(config.getoption("--inferlab-device"))
         dtype = resolve_dtype(config.getoption("--inferlab-dtype"), device)
+        if config.getoption("--inferlab-model") is not None:
+            check_model_name(config.getoption("--inferlab-model"))
     except UsageError as error:
         raise pytest.UsageError(str(error)) from None
     return Session(device, dtype, config.getoption("--inferlab-model"))
@@ -369,6 +376,7 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
     from inferlab.measure.bench import (BenchConfig, build_prompt, check_fits, make_fingerprint, measure_costs,
                                         prepare_case, repeat_within_budget)
     from inferlab.model.registry import default_benchmark_model
+    from inferlab.model.fit import check_memory
     from inferlab.measure.metrics import summarize
     from inferlab.measure.roofline import roofline
 
@@ -383,6 +391,7 @@ def decode_benchmark(benchmark, inferlab_models: _Models, pytestconfig: pytest.C
         budget_s = pytestconfig.getoption("--inferlab-max-seconds")
         config = BenchConfig(engine=case.engine, prompt_length=case.prompt_length, batch_size=case.batch_size,
                              output_length=case.output_length, warmup_runs=warmup, runs=rounds)
+        check_memory(loaded, case.batch_size, case.prompt_length, case.output_length)  # before the prompt is allocated
         prompt = build_prompt(loaded, config)
         check_fits(loaded, prompt.length, case.output_length)
         delay = pytestconfig.getoption("--inferlab-inject-delay-ms")

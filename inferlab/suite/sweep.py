@@ -50,7 +50,7 @@ from inferlab.decode.engines import ENGINE_NAMES, make_engine
 from inferlab.errors import UsageError, first_line
 from inferlab.model.registry import LoadedModel
 from inferlab.decode.sampling import SamplingConfig
-from inferlab.storage import write_json_atomic, write_text_atomic
+from inferlab.storage import save_json_or_fallback, write_json_atomic, write_text_atomic
 
 SCHEMA = "inferlab.sweep/1"
 ORDERS = ("interleaved", "sequential")
@@ -270,8 +270,10 @@ def check_all_fit(loaded: LoadedModel, config: SweepConfig) -> None:
 
 
 def is_out_of_memory(error: BaseException) -> bool:
-    """A CUDA out-of-memory error, or any RuntimeError that says "out of memory"."""
-    return isinstance(error, torch.cuda.OutOfMemoryError) or (isinstance(error, RuntimeError) and "out of memory" in str(error))
+    """Out of memory: CUDA's error, Python's MemoryError, or a RuntimeError saying so (CPU: "can't allocate")."""
+    if isinstance(error, (torch.cuda.OutOfMemoryError, MemoryError)):
+        return True
+    return isinstance(error, RuntimeError) and any(words in str(error) for words in ("out of memory", "can't allocate"))
 
 
 class _Measurement:
@@ -299,7 +301,7 @@ class _Measurement:
         self.progress.begin(result_stem(bench_config))
         try:
             case = prepare_case(self.loaded, bench_config, self.bandwidth, self.engines[bench_config.engine])
-        except RuntimeError as error:
+        except (RuntimeError, MemoryError) as error:
             if not is_out_of_memory(error):
                 raise
             message = first_line(error)[:300]
@@ -320,7 +322,7 @@ class _Measurement:
         start_s = now - self.t0
         try:
             run = self.cases[index].measure_one()
-        except RuntimeError as error:
+        except (RuntimeError, MemoryError) as error:
             if not is_out_of_memory(error):
                 raise
             message = first_line(error)[:300]
@@ -363,7 +365,7 @@ class _Measurement:
     def save(self, index: int) -> None:
         stem = result_stem(self.bench_configs[index])
         data = {**self.result(index).to_dict(), "schedule": [s.to_dict() for s in self.schedule[index]]}
-        write_json_atomic(self.folder / "results" / f"{stem}.json", data)
+        save_json_or_fallback(self.folder / "results" / f"{stem}.json", data)
 
     def save_unfinished(self) -> None:
         """After an interrupt: each configuration with some runs but not all of them, as it stands."""

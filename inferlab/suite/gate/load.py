@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
-import math
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -26,6 +28,17 @@ SAVE_HINT = "pass a run saved by pytest with --benchmark-autosave --benchmark-sa
 
 
 SHOWN_NAMES = 3
+
+
+# Below this many rounds a run cannot show its own noise (one round has no spread to resample),
+# and the interval would be too narrow: the gate refuses rather than FAIL on it.
+MIN_ROUNDS = 3
+
+
+MAX_ROUND_S = 1e6  # about 11 days: a longer round time is a broken file, and its ms would overflow
+
+
+MAX_RUN_BYTES = 256 * 2**20  # a real run is a few MB; bigger is not a pytest-benchmark run
 
 
 
@@ -56,6 +69,7 @@ class Run:
     path: Path
     machine: Mapping[str, object]  # machine_info["inferlab"], or empty for a plain run
     series: tuple[Series, ...]
+    digest: str = ""  # sha256 of the file: the same run given twice is told apart from a repeat
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -69,30 +83,44 @@ class Run:
 def load_run(path: Path) -> Run:
     """Read one pytest-benchmark JSON file (never written to); UsageError naming the fix if it is unusable."""
     path = Path(path)
-    return _parse_run(path, _read_json(path))
+    raw = _read_bytes(path)
+    return _parse_run(path, _decode_json(path, raw), hashlib.sha256(raw).hexdigest())
 
 
 
-def _read_json(path: Path) -> object:
+def _read_bytes(path: Path) -> bytes:
     if path.is_dir():
         raise UsageError(f"{path} is a folder: pass one run's JSON file, e.g. .benchmarks/<machine>/0001_*.json")
     try:
-        raw = path.read_bytes()
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):  # a FIFO or a device would hang the read, or never end
+            raise UsageError(f"{path} is not a regular file: {SAVE_HINT}")
+        if info.st_size > MAX_RUN_BYTES:
+            raise UsageError(f"{path} is {info.st_size / 2**20:.0f} MiB, more than a pytest-benchmark run "
+                             f"({MAX_RUN_BYTES // 2**20} MiB at most): {SAVE_HINT}")
+        with open(path, "rb") as handle:
+            return handle.read(MAX_RUN_BYTES + 1)
     except FileNotFoundError:
         raise UsageError(f"{path}: no such file: {SAVE_HINT}") from None
     except OSError as error:
         raise UsageError(f"cannot read {path} ({error.strerror}): check the path and its permissions") from None
+
+
+
+def _decode_json(path: Path, raw: bytes) -> object:
     if not raw.strip():
         raise UsageError(f"{path} is empty (an interrupted run?): re-run the benchmarks with --benchmark-save-data")
     try:
         return json.loads(raw)
+    except RecursionError:
+        raise UsageError(f"{path} nests too deeply to be a pytest-benchmark run: {SAVE_HINT}") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         where = f" (line {error.lineno}: {error.msg})" if isinstance(error, json.JSONDecodeError) else ""
         raise UsageError(f"{path} is not valid JSON{where}: {SAVE_HINT}") from None
 
 
 
-def _parse_run(path: Path, data: object) -> Run:
+def _parse_run(path: Path, data: object, digest: str = "") -> Run:
     entries = data.get("benchmarks") if isinstance(data, dict) else None
     if not isinstance(entries, list) or not isinstance(data.get("machine_info"), dict):
         raise UsageError(f"{path} is not a pytest-benchmark run (no 'machine_info' and 'benchmarks'): {SAVE_HINT}")
@@ -104,7 +132,9 @@ def _parse_run(path: Path, data: object) -> Run:
     if twice:
         raise UsageError(f"{path} holds benchmark {twice[0]} more than once: pass a run of one pytest session")
     machine = data["machine_info"].get("inferlab") or {}
-    return Run(path, MappingProxyType(dict(machine)), series)
+    if not isinstance(machine, dict):
+        raise UsageError(f"{path}: machine_info.inferlab is a {type(machine).__name__}, not an object: {SAVE_HINT}")
+    return Run(path, MappingProxyType(dict(machine)), series, digest)
 
 
 
@@ -115,8 +145,10 @@ def _parse_series(path: Path, entry: object) -> Series:
     data = entry["stats"].get("data")
     if not data:
         raise UsageError(f"{path}: {name} was saved without raw data: re-run with --benchmark-save-data")
-    if not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in data):
-        raise UsageError(f"{path}: {name} has round times that are not positive numbers: check that the test measures something")
+    if not isinstance(data, list) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < MAX_ROUND_S for x in data):
+        raise UsageError(f"{path}: {name} has round times that are not positive numbers of seconds below {MAX_ROUND_S:g}: "
+                         "check that the test measures something")
     extra = entry.get("extra_info") if isinstance(entry.get("extra_info"), dict) else {}
     fingerprint = extra.get("fingerprint") if isinstance(extra.get("fingerprint"), dict) else {}
     return Series(
@@ -133,11 +165,15 @@ def check_comparable(base_runs: Sequence[Run], head_runs: Sequence[Run]) -> None
     """UsageError unless every run holds the same benchmarks, made on the same machine, model, dtype and engine."""
     if not base_runs or not head_runs:
         raise UsageError("gate needs at least one base and one head run: inferlab gate BASE.json HEAD.json")
+    _check_distinct(base_runs, "base")
+    _check_distinct(head_runs, "head")
     reference = base_runs[0]
     for run in list(base_runs[1:]) + list(head_runs):
         _check_same_benchmarks(reference, run)
         _check_same_machine(reference, run)
         _check_same_fingerprints(reference, run)
+    for run in list(base_runs) + list(head_runs):
+        _check_enough_rounds(run)
 
 
 
@@ -178,3 +214,33 @@ def _check_same_fingerprints(reference: Run, run: Run) -> None:
                     f"{series.fullname}: {key} is {ours!r} in {reference.path} but {theirs!r} in {run.path}: "
                     "compare runs of the same model, dtype, engine and layout"
                 )
+
+
+
+def _check_distinct(runs: Sequence[Run], side: str) -> None:
+    """UsageError if one run is given twice on a side (same path or same bytes): it is not a repeat."""
+    seen: dict[object, Path] = {}
+    for run in runs:
+        keys = [_resolved(run.path)] + ([run.digest] if run.digest else [])
+        earlier = next((seen[key] for key in keys if key in seen), None)
+        if earlier is not None:
+            raise UsageError(f"{run.path} and {earlier} are the same {side} run given twice: pass each run once "
+                             "(repeats must be separate pytest sessions)")
+        seen.update((key, run.path) for key in keys)
+
+
+
+def _resolved(path: Path) -> str:
+    try:
+        return str(Path(path).resolve())
+    except OSError:
+        return str(path)
+
+
+
+def _check_enough_rounds(run: Run) -> None:
+    few = [s for s in run.series if len(s.rounds_s) < MIN_ROUNDS]
+    if few:
+        raise UsageError(f"{run.path}: {few[0].fullname} has {len(few[0].rounds_s)} round(s); the gate needs at least "
+                         f"{MIN_ROUNDS} per run to see a run's noise, so it cannot judge: re-run with more rounds "
+                         "(--inferlab-rounds 10)")

@@ -22,6 +22,11 @@ MIN_REPLICATES = 4000
 TAIL_REPLICATES = 20
 
 
+# Rounds drawn at once: memory stays about 64 MB however many rounds and replicates (the draws
+# come from the generator in the same order, so chunking does not change a single value).
+CHUNK_DRAWS = 2**22
+
+
 
 def log_median(rounds: Sequence[float]) -> float:
     """log(median(rounds)) of one run."""
@@ -45,9 +50,19 @@ def resampled_mean_log_median(
     for index, rounds in enumerate(runs):
         rounds = np.asarray(rounds, dtype=float)
         slots = picked == index
-        draws = rounds[rng.integers(len(rounds), size=(int(slots.sum()), len(rounds)))]
-        logs[slots] = np.log(np.median(draws, axis=1))
+        logs[slots] = _resampled_log_medians(rounds, int(slots.sum()), rng)
     return logs.mean(axis=1) + rng.normal(0.0, run_noise / math.sqrt(n), size=replicates)
+
+
+
+def _resampled_log_medians(rounds: np.ndarray, count: int, rng: np.random.Generator) -> np.ndarray:
+    """[count] log medians of `rounds` drawn with replacement, at most CHUNK_DRAWS rounds at a time."""
+    rows = max(1, CHUNK_DRAWS // len(rounds))
+    out = np.empty(count)
+    for start in range(0, count, rows):
+        stop = min(count, start + rows)
+        out[start:stop] = np.log(np.median(rounds[rng.integers(len(rounds), size=(stop - start, len(rounds)))], axis=1))
+    return out
 
 
 
