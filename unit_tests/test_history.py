@@ -10,10 +10,12 @@ import math
 import numpy as np
 import pytest
 
-from inferlab.cli import main
-from inferlab.errors import UsageError
-from inferlab.suite import gate, history
-from test_gate import entry, run_dict, write
+pytest.importorskip("ruptures", reason="inferlab history needs ruptures (installed with inferlab)")
+
+from inferlab.cli import main  # noqa: E402
+from inferlab.errors import UsageError  # noqa: E402
+from inferlab.suite import gate, history  # noqa: E402
+from test_gate import entry, run_dict, write  # noqa: E402
 
 CASE = "eager-b1-p16-n32-tpot_ms"
 
