@@ -239,7 +239,7 @@ def status_line(report: SweepReport) -> str:
 
 def cost_notes(results: Sequence[BenchResult]) -> list[str]:
     """What the memory columns mean, and once, why energy was not measured (if it was not)."""
-    lines = ["memory: GPU peak = peak allocated since a reset before each configuration; "
+    lines = ["memory: GPU peak = peak allocated over a block of back-to-back requests after the timed runs; "
              "RSS = the process's peak resident memory so far"]
     missing = [r.energy.reason for r in results if r.energy is not None and not hasattr(r.energy, "joules")]
     if missing:
