@@ -24,11 +24,11 @@ def prompt_of(model, length, batch=1, seed=0):
 def test_logits_equal_transformers_at_prefill_and_every_cached_step(tiny):
     prompt = prompt_of(tiny.model, 7, batch=2)
     net = FastLlama(tiny.model)
-    net.setup_cache(2, 7 + 5)
+    cache = net.new_cache(2, 7 + 5)
     ids = prompt.input_ids
     for step in range(5):
         positions = torch.arange(7 + step) if step == 0 else torch.tensor([7 + step - 1])
-        ours = net(ids if step == 0 else ids[:, -1:], positions)[:, -1]
+        ours = net(ids if step == 0 else ids[:, -1:], positions, cache, fresh=step == 0)[:, -1]
         theirs = tiny.model(input_ids=ids).logits[:, -1].float()  # full recompute, no cache
         # fp32, same math in another order (fused matrices, folded GQA): rounding-level differences.
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
@@ -55,14 +55,14 @@ def test_going_back_to_a_prepared_shape_restores_it_instead_of_rebuilding(tiny, 
     short = (prompt_of(tiny.model, 5), DecodeConfig(4, ignore_eos=True))
     long_ = (prompt_of(tiny.model, 9), DecodeConfig(12, ignore_eos=True))
     first = engine.run(*short, None, HostClock())
-    first_cache = engine.net.k_cache
+    first_cache = engine.cache
     engine.run(*long_, None, HostClock())
-    assert engine.net.k_cache is not first_cache
+    assert engine.cache is not first_cache
     built = []
-    monkeypatch.setattr(FastLlama, "setup_cache", lambda self, *shape: built.append(shape))
+    monkeypatch.setattr(FastLlama, "new_cache", lambda self, *shape: built.append(shape))
     again = engine.run(*short, None, HostClock())  # interleaved: back to the first shape
     assert built == []  # nothing rebuilt
-    assert engine.net.k_cache is first_cache  # its own cache is back in place
+    assert engine.cache is first_cache  # its own cache is back in place
     assert torch.equal(again, first) and torch.equal(again, generate(tiny.model, *short).tokens)
     assert [key[:3] for key in engine.prepared_shapes] == [(1, 5, 4), (1, 9, 12)]
 
@@ -81,7 +81,7 @@ def test_the_cache_length_is_a_bucket_not_the_exact_request(needed, max_context,
 
 def test_a_new_shape_compiles_nothing_and_builds_the_weights_once(tiny, monkeypatch):
     compiled, built = [], []
-    monkeypatch.setattr(torch, "compile", lambda fn, **options: compiled.append((fn.__name__, options)) or fn)
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: compiled.append((getattr(fn, "__name__", type(fn).__name__), options)) or fn)
     init = FastLlama.__init__
     monkeypatch.setattr(FastLlama, "__init__", lambda self, *a, **k: built.append(1) or init(self, *a, **k))
     engine = FastEngine(tiny.model, FastOptions(compile=True, graphs=False, compile_mode="default"))
@@ -89,9 +89,9 @@ def test_a_new_shape_compiles_nothing_and_builds_the_weights_once(tiny, monkeypa
     for length, new_tokens in shapes:
         prompt, config = prompt_of(tiny.model, length), DecodeConfig(new_tokens, ignore_eos=True)
         assert torch.equal(engine.run(prompt, config, None, HostClock()), generate(tiny.model, prompt, config).tokens)
-        assert engine.net.k_cache.shape[3] == 256  # one cache shape for all three requests
-    assert [name for name, _ in compiled] == ["_prefill_body", "_decode_body"]  # once per engine, not per shape
-    assert compiled[0][1]["dynamic"] is True  # the prefill: prompt and cache length symbolic
+        assert engine.cache.length == 256  # one cache shape for all three requests
+    assert [name for name, _ in compiled] == ["LayerStep", "_decode_body"]  # once per engine, not per shape
+    assert compiled[0][1]["dynamic"] is True  # the prefill's layer: batch, prompt and cache length symbolic
     assert built == [1]
 
 
@@ -109,6 +109,32 @@ def test_a_second_shape_reuses_the_compiled_prefill_and_decode_step(tiny):
     tokens = engine.run(*second, None, HostClock())
     assert counters["stats"]["unique_graphs"] == graphs  # nothing recompiled
     assert torch.equal(tokens, generate(tiny.model, *second).tokens)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inductor's CPU backend uses torch.jit internally
+def test_the_prefill_compiles_once_across_cache_buckets_and_once_more_for_larger_batches(tiny):
+    """The decode step runs the Triton kernels (under the interpreter here), so every graph
+    counted is the prefill's layer step."""
+    from torch._dynamo.utils import counters
+
+    engine = FastEngine(tiny.model, FastOptions(compile=True, graphs=False, triton=True))
+    head_dim = tiny.model.config.hidden_size // tiny.model.config.num_attention_heads
+    shapes = [(1, head_dim, 4),  # a prompt as long as the head dimension: no guard may tie the two
+              (1, 250, 8),        # a new cache bucket (512 positions)
+              (1, 7, 6),
+              (3, 9, 5),          # batch 3: compiled once more (size 1 is specialized)
+              (2, 20, 3)]
+    graphs = []
+    for batch, length, new_tokens in shapes:
+        prompt, config = prompt_of(tiny.model, length, batch, seed=length), DecodeConfig(new_tokens, ignore_eos=True)
+        tokens = engine.run(prompt, config, None, HostClock())
+        assert torch.equal(tokens, generate(tiny.model, prompt, config).tokens)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert [key[:3] for key in engine.prepared_shapes] == shapes
+    assert engine.cache.length == 256 and engine._shapes[engine.prepared_shapes[1]]["cache"].length == 512
+    first = graphs[0]
+    assert graphs == [first, first, first, first + 1, first + 1]
 
 
 def test_seeded_sampling_repeats_with_the_seed_and_changes_without_it(tiny):

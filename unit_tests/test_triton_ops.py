@@ -158,13 +158,13 @@ def test_greedy_step_takes_the_first_maximum_and_advances_the_step(kernels, ops)
 def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
     prompt = random_prompt(tiny.model.config.vocab_size, 7, 2, torch.Generator().manual_seed(0), torch.device("cpu"))
     net = FastLlama(tiny.model)
-    net.setup_cache(2, 12)
+    cache = net.new_cache(2, 12)
     ids = prompt.input_ids
-    net(ids, torch.arange(7))  # prefill writes positions 0..6
+    net(ids, torch.arange(7), cache, fresh=True)  # prefill writes positions 0..6
     for step in range(5):
         nxt = tiny.model(input_ids=ids).logits[:, -1].float().argmax(-1, keepdim=True)
         ids = torch.cat([ids, nxt], dim=1)
-        ours = net.decode(nxt, torch.tensor([ids.shape[1] - 1]), decode_ops)
+        ours = net.decode(nxt, torch.tensor([ids.shape[1] - 1]), cache, decode_ops)
         theirs = tiny.model(input_ids=ids).logits[:, -1].float()  # full recompute, no cache
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
 
@@ -221,21 +221,21 @@ def test_dependent_launch_changes_the_timing_only(kernels):
     results = []
     for pdl in (False, True):
         net = FastLlama(model)
-        net.setup_cache(1, 64)
+        cache = net.new_cache(1, 64)
         ops = kernels.Kernels(pdl=pdl)
         hidden = F.embedding(torch.tensor([5], device=DEVICE), net.embed)
         position = torch.tensor([0], device=DEVICE)
-        net.decode_hidden(hidden, position, ops)  # compile outside the capture
+        net.decode_hidden(hidden, position, cache, ops)  # compile outside the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            logits = net.decode_hidden(hidden, position, ops)
+            logits = net.decode_hidden(hidden, position, cache, ops)
         steps = []
         for step in range(8):
             position.fill_(step)
             hidden.copy_(net.embed[100 * step + 1])
             graph.replay()
             steps.append(logits.clone())
-        results.append((torch.stack(steps), net.k_cache[:, :, :, :8].clone(), net.v_cache[:, :, :, :8].clone()))
+        results.append((torch.stack(steps), cache.k[:, :, :, :8].clone(), cache.v[:, :, :, :8].clone()))
         del net, graph
     for without, with_pdl in zip(*results):
         assert torch.equal(without, with_pdl)

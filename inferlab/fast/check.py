@@ -49,17 +49,17 @@ def teacher_forced_check(loaded, prompt: Prompt, new_tokens: int, fast_engine) -
     # Triton kernels as the engine's (or the torch step, uncompiled, when the engine compiles it).
     kernels = fast_engine.kernels  # the engine's own kernels and launch policy; None for the torch step
     net = FastLlama(loaded.model, sdpa=fast_engine.options.sdpa)
-    net.setup_cache(prompt.batch_size, prompt.length + new_tokens)
+    cache = net.new_cache(prompt.batch_size, prompt.length + new_tokens)
     fast_logits = []
     with torch.inference_mode():
-        fast_logits.append(net(prompt.input_ids, torch.arange(prompt.length, device=loaded.device))[:, -1])
+        fast_logits.append(net(prompt.input_ids, torch.arange(prompt.length, device=loaded.device), cache, fresh=True)[:, -1])
         for index in range(1, new_tokens):
             position = torch.tensor([prompt.length + index - 1], device=loaded.device)
             step_tokens = eager_tokens[:, index - 1 : index]
             if kernels is None:
-                fast_logits.append(net(step_tokens, position)[:, -1])
+                fast_logits.append(net(step_tokens, position, cache)[:, -1])
             else:
-                fast_logits.append(net.decode(step_tokens, position, kernels))
+                fast_logits.append(net.decode(step_tokens, position, cache, kernels))
     fast_logits = torch.stack(fast_logits, dim=1)
     reference = reference_logits(loaded.model, prompt, eager_tokens)
     top1 = reference.argmax(-1)

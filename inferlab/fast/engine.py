@@ -14,13 +14,15 @@ What makes it fast, each a separate switch (`FastOptions`) so its effect can be 
 - the prefill (compiled) and the decode step each captured once in a CUDA graph: a step is one
   ``graph.replay()``, with no host work and no synchronization per token.
 
-Prepared once per model, not once per shape: the compiled functions are made once per engine
-and the prefill is compiled with dynamic shapes (prompt length and cache length symbolic), and
-the static cache is sized by `cache_length`, a bucket that does not change with every output
-length. A new (batch, prompt length, output length) then costs a cache, buffers and two graph
-captures, not a compile. The price: a cache up to twice the positions a request needs (the
-Triton decode attention reads only the positions written; the prefill's and the torch decode
-step's attention are masked over the whole cache).
+Prepared once per model, not once per shape: the compiled functions are made once per engine.
+The prefill compiles one decoder layer (`LayerStep`) with dynamic shapes, called once per layer:
+batch, prompt length and cache length are symbolic, because the cache and its RoPE tables are
+arguments (`KVCache`), not module buffers (dynamo specializes the shapes of module buffers), and
+one layer compiles in a fraction of the time of all of them unrolled. The static cache is sized
+by `cache_length`, a bucket that does not change with every output length. A new (batch, prompt
+length, output length) then costs a cache, buffers and two graph captures, not a compile. The
+prefill attends over its own keys and values (a fresh request starts at position 0), so a larger
+cache bucket costs it nothing; the Triton decode attention reads only the positions written.
 
 Sampling stays on the device: greedy is argmax; sampling draws ``u ~ U(0, 1)`` per vocabulary
 entry from the caller's generator (outside the graph) and picks ``argmax(p / -log u)``, which is
@@ -117,6 +119,19 @@ def cache_length(needed: int, max_context: int | None) -> int:
     return max(length, needed)
 
 
+def symbolic_shapes(compiled, static: list):
+    """`compiled` (a function compiled with dynamic=True) called so that it compiles once for
+    batch 1 and once for all larger batches, whatever the prompt and cache lengths: the `static`
+    tensors (the weights) keep their sizes, and no two other sizes are made one symbol because
+    they happened to be equal at the first call (a prompt of 64 tokens and a head dimension of
+    64), which would recompile the next shape. (Size 1 is specialized as always in torch.)"""
+    from torch.fx.experimental import _config as shape_config
+
+    for tensor in static:
+        torch._dynamo.mark_static(tensor)
+    return shape_config.patch(use_duck_shape=False)(compiled)
+
+
 def check_supported(model) -> None:
     """UsageError unless `model` is a Llama-architecture causal LM this engine can rebuild."""
     config = model.config
@@ -144,8 +159,77 @@ class FastLayer(nn.Module):
         self.register_buffer("attn_norm", layer.input_layernorm.weight.detach(), persistent=False)
         self.register_buffer("ffn_norm", layer.post_attention_layernorm.weight.detach(), persistent=False)
 
+    def weights(self) -> tuple:
+        """(wqkv, wo, w13, w2, attn_norm, ffn_norm), in `LayerStep`'s order."""
+        return self.wqkv, self.wo, self.w13, self.w2, self.attn_norm, self.ffn_norm
 
-CACHE_BUFFERS = ("k_cache", "v_cache", "cos", "sin", "arange")
+
+@dataclass(frozen=True)
+class KVCache:
+    """One shape's static KV cache, k and v [L, B, kvh, T, hd], and its RoPE tables cos, sin [T, hd]."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[3]
+
+
+class LayerStep(nn.Module):
+    """One decoder layer over a cache, its weights passed in: compiled once, called for every layer.
+
+    It holds no tensors, only the layer's constants, so one compiled function serves all layers
+    (same shapes) and every cache (sizes symbolic).
+    """
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, sdpa: bool) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.sdpa = num_heads, num_kv_heads, head_dim, eps, sdpa
+
+    def forward(self, x, weights, k_cache, v_cache, cos, sin, positions, fresh: bool) -> torch.Tensor:
+        """x [B, S, H] at positions [S] -> [B, S, H]; writes this layer's K/V [B, kvh, T, hd] at those positions.
+
+        `fresh`: positions are 0..S-1 of a new request, so attention reads the S new keys and values
+        (causal) instead of the cache; otherwise it reads the whole cache, masked past each position.
+        """
+        wqkv, wo, w13, w2, attn_norm, ffn_norm = weights
+        x = x + self.attention(rms_normalized(x, attn_norm, self.eps), wqkv, wo, k_cache, v_cache, cos, sin,
+                               positions, fresh)
+        gate, up = F.linear(rms_normalized(x, ffn_norm, self.eps), w13).chunk(2, dim=-1)
+        return x + F.linear(F.silu(gate) * up, w2)
+
+    def attention(self, x, wqkv, wo, k_cache, v_cache, cos, sin, positions, fresh: bool) -> torch.Tensor:
+        B, S, _ = x.shape
+        nh, kvh, hd = self.num_heads, self.num_kv_heads, self.head_dim
+        g = nh // kvh
+        q, k, v = F.linear(x, wqkv).split([nh * hd, kvh * hd, kvh * hd], dim=-1)
+        q = q.view(B, S, nh, hd).transpose(1, 2)
+        k = k.view(B, S, kvh, hd).transpose(1, 2)
+        v = v.view(B, S, kvh, hd).transpose(1, 2)
+        cos, sin = cos[positions], sin[positions]  # [S, hd]
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k_cache.index_copy_(2, positions, k)
+        v_cache.index_copy_(2, positions, v)
+        if fresh:
+            keys, values, key_positions = k, v, positions
+        else:
+            keys, values = k_cache, v_cache
+            key_positions = torch.arange(k_cache.shape[2], device=positions.device)
+        # Fold the g query heads of each KV head into the query axis: [B, kvh, g*S, hd].
+        q = q.reshape(B, kvh, g * S, hd)
+        mask = (positions[:, None] >= key_positions[None, :]).repeat(g, 1)  # [g*S, T]
+        if self.sdpa:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=hd**-0.5)
+        else:
+            scores = (q @ keys.transpose(-1, -2)).float() * hd**-0.5  # [B, kvh, g*S, T]
+            probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(values.dtype)
+            out = probs @ values
+        out = out.view(B, nh, S, hd).transpose(1, 2).reshape(B, S, nh * hd)
+        return F.linear(out, wo)
 
 
 class FastLlama(nn.Module):
@@ -154,102 +238,59 @@ class FastLlama(nn.Module):
     def __init__(self, hf_model, sdpa: bool = False) -> None:
         super().__init__()
         check_supported(hf_model)
-        self.sdpa = sdpa
         config = hf_model.config
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = dims.kv_heads(config)
         self.head_dim = dims.head_dim(config)
         self.eps = config.rms_norm_eps
+        self.step = LayerStep(self.num_heads, self.num_kv_heads, self.head_dim, self.eps, sdpa)
         self.layers = nn.ModuleList(FastLayer(layer) for layer in hf_model.model.layers)
         self.register_buffer("embed", hf_model.get_input_embeddings().weight.detach(), persistent=False)
         self.register_buffer("norm", hf_model.model.norm.weight.detach(), persistent=False)
         self.register_buffer("lm_head", hf_model.get_output_embeddings().weight.detach(), persistent=False)
         self._rotary = hf_model.model.rotary_emb
-        self.max_seq = 0
 
-    def setup_cache(self, batch_size: int, max_seq: int) -> None:
-        """Allocate K/V [L, B, kvh, max_seq, hd] and the RoPE table for positions [0, max_seq)."""
+    def new_cache(self, batch_size: int, max_seq: int) -> KVCache:
+        """A zeroed K/V cache [L, B, kvh, max_seq, hd] and the RoPE tables for positions [0, max_seq)."""
         device, dtype = self.embed.device, self.embed.dtype
         shape = (len(self.layers), batch_size, self.num_kv_heads, max_seq, self.head_dim)
-        self.register_buffer("k_cache", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
-        self.register_buffer("v_cache", torch.zeros(shape, device=device, dtype=dtype), persistent=False)
         positions = torch.arange(max_seq, device=device)[None]
         with torch.no_grad():
             # transformers' own rotary module, so every RoPE variant it knows comes out identical.
             cos, sin = self._rotary(self.embed[:1, None].expand(1, max_seq, -1), positions)
-        self.register_buffer("cos", cos[0], persistent=False)  # [max_seq, hd]
-        self.register_buffer("sin", sin[0], persistent=False)
-        self.register_buffer("arange", torch.arange(max_seq, device=device), persistent=False)
-        self.max_seq = max_seq
+        return KVCache(torch.zeros(shape, device=device, dtype=dtype), torch.zeros(shape, device=device, dtype=dtype),
+                       cos[0], sin[0])
 
-    def cache_state(self) -> dict:
-        """The cache and tables `setup_cache` made, to put back later with `load_cache_state`."""
-        return {name: getattr(self, name) for name in CACHE_BUFFERS}
-
-    def load_cache_state(self, state: dict) -> None:
-        for name in CACHE_BUFFERS:
-            self.register_buffer(name, state[name], persistent=False)
-        self.max_seq = state["arange"].shape[0]
-
-    def attention(self, index: int, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """x [B, S, H] at positions [S] -> [B, S, H], writing this layer's K/V at those positions."""
-        layer = self.layers[index]
-        B, S, _ = x.shape
-        nh, kvh, hd = self.num_heads, self.num_kv_heads, self.head_dim
-        g = nh // kvh
-        q, k, v = F.linear(x, layer.wqkv).split([nh * hd, kvh * hd, kvh * hd], dim=-1)
-        q = q.view(B, S, nh, hd).transpose(1, 2)
-        k = k.view(B, S, kvh, hd).transpose(1, 2)
-        v = v.view(B, S, kvh, hd).transpose(1, 2)
-        cos, sin = self.cos[positions], self.sin[positions]  # [S, hd]
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        self.k_cache[index].index_copy_(2, positions, k)
-        self.v_cache[index].index_copy_(2, positions, v)
-        # Fold the g query heads of each KV head into the query axis: [B, kvh, g*S, hd].
-        q = q.reshape(B, kvh, g * S, hd)
-        mask = (positions[:, None] >= self.arange[None, :]).repeat(g, 1)  # [g*S, T]
-        keys, values = self.k_cache[index], self.v_cache[index]
-        if self.sdpa:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=hd**-0.5)
-        else:
-            scores = (q @ keys.transpose(-1, -2)).float() * hd**-0.5  # [B, kvh, g*S, T]
-            probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1).to(values.dtype)
-            out = probs @ values
-        out = out.view(B, nh, S, hd).transpose(1, 2).reshape(B, S, nh * hd)
-        return F.linear(out, layer.wo)
-
-    def mlp(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        """down(silu(gate(x)) * up(x)), with gate and up in one matrix."""
-        layer = self.layers[index]
-        gate, up = F.linear(x, layer.w13).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, layer.w2)
-
-    def decode(self, tokens: torch.Tensor, position: torch.Tensor, ops) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, position: torch.Tensor, cache: KVCache, ops) -> torch.Tensor:
         """One token per row: tokens [B, 1] at `position` [1] -> logits [B, V] (float32).
 
         `ops` is `inferlab.fast.kernels` (the GPU kernels) or `inferlab.fast.spec` (the same
         operations in torch).
         """
-        return self.decode_hidden(F.embedding(tokens[:, 0], self.embed), position, ops)
+        return self.decode_hidden(F.embedding(tokens[:, 0], self.embed), position, cache, ops)
 
-    def decode_hidden(self, x: torch.Tensor, position: torch.Tensor, ops) -> torch.Tensor:
+    def decode_hidden(self, x: torch.Tensor, position: torch.Tensor, cache: KVCache, ops) -> torch.Tensor:
         """`decode` from the embedded tokens x [B, H]; each line below is one kernel."""
         for index, layer in enumerate(self.layers):
             qkv = ops.gemv(x, layer.wqkv, norm=layer.attn_norm, eps=self.eps)
-            attn = ops.attention_decode(qkv, self.cos, self.sin, position, self.k_cache[index], self.v_cache[index],
+            attn = ops.attention_decode(qkv, cache.cos, cache.sin, position, cache.k[index], cache.v[index],
                                         self.num_heads, self.num_kv_heads)
             x = ops.gemv(attn, layer.wo, residual=x)
             h = ops.gemv(x, layer.w13, norm=layer.ffn_norm, eps=self.eps, gated=True)
             x = ops.gemv(h, layer.w2, residual=x)
         return ops.gemv(x, self.lm_head, norm=self.norm, eps=self.eps, out_dtype=torch.float32)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """tokens [B, S] at positions [S] -> logits [B, 1, V] of the last position (float32)."""
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, fresh: bool = False,
+                step=None) -> torch.Tensor:
+        """tokens [B, S] at positions [S] -> logits [B, 1, V] of the last position (float32).
+
+        `fresh`: the positions are 0..S-1 of a new request (a prefill). `step` runs one layer
+        (default `self.step`; the engine passes it compiled).
+        """
+        step = self.step if step is None else step
         x = F.embedding(tokens, self.embed)
         for index, layer in enumerate(self.layers):
-            x = x + self.attention(index, rms_normalized(x, layer.attn_norm, self.eps), positions)
-            x = x + self.mlp(index, rms_normalized(x, layer.ffn_norm, self.eps))
+            x = step(x, layer.weights(), cache.k[index], cache.v[index], cache.cos, cache.sin, positions, fresh)
         x = rms_normalized(x[:, -1:], self.norm, self.eps)
         return F.linear(x, self.lm_head).float()
 
@@ -265,7 +306,7 @@ def pick(logits: torch.Tensor, sampling: SamplingConfig, uniform: torch.Tensor |
 
 # What `FastEngine.prepare` builds for one shape; kept per shape, so going back to a shape
 # prepared before (a sweep interleaves its configurations) restores it instead of rebuilding it.
-SHAPE_STATE = ("sampling", "prompt_ids", "prompt_positions", "tokens", "hidden", "position", "first_position", "out",
+SHAPE_STATE = ("cache", "sampling", "prompt_ids", "prompt_positions", "tokens", "hidden", "position", "first_position", "out",
                "uniform",
                "prompt_length", "new_tokens", "kernels", "_prefill", "_decode", "_prefill_graph", "_decode_graph")
 
@@ -289,9 +330,9 @@ class FastEngine:
         if self.options.triton and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise UsageError("the Triton decode kernels need a CUDA device: run the fast engine on CPU with triton off")
         self.net: FastLlama | None = None
-        self._compiled = None  # (prefill, decode): made once per engine, shared by every shape
+        self._compiled = None  # (layer step, decode): made once per engine, shared by every shape
         self._key = None
-        self._shapes: dict = {}  # key -> (net cache state, engine state) of every shape prepared
+        self._shapes: dict = {}  # key -> engine state of every shape prepared
 
     def describe(self) -> str:
         o = self.options
@@ -316,7 +357,7 @@ class FastEngine:
         if self.net is None:
             self.net = FastLlama(self.hf_model, sdpa=self.options.sdpa)
         positions = cache_length(S + N, getattr(self.hf_model.config, "max_position_embeddings", None))
-        self.net.setup_cache(B, positions)
+        self.cache = self.net.new_cache(B, positions)
         vocab = self.net.embed.shape[0]
         dev = self.device
         self.sampling = config.sampling
@@ -340,17 +381,16 @@ class FastEngine:
 
         if self._compiled is None:
             self._compiled = self._compile()
-        self._prefill, self._decode = self._compiled
+        self._layer_step, self._decode = self._compiled
+        self._prefill = self._prefill_body
         self._prefill_graph = self._decode_graph = None
         if self.options.graphs:
             self._capture()
         self._key = key
-        self._shapes[key] = (self.net.cache_state(), {name: getattr(self, name) for name in SHAPE_STATE})
+        self._shapes[key] = {name: getattr(self, name) for name in SHAPE_STATE}
 
     def _restore(self, key) -> None:
-        cache, state = self._shapes[key]
-        self.net.load_cache_state(cache)
-        for name, value in state.items():
+        for name, value in self._shapes[key].items():
             setattr(self, name, value)
         self._key = key
 
@@ -360,16 +400,19 @@ class FastEngine:
         return tuple(self._shapes)
 
     def _compile(self) -> tuple:
-        """The prefill and decode functions, compiled as the options say; each shape's tensors are inputs."""
-        prefill, decode = self._prefill_body, self._decode_body
+        """The prefill's layer step and the decode function, compiled as the options say; each
+        shape's tensors are inputs."""
+        step, decode = self.net.step, self._decode_body
         if self.options.compile:
-            prefill = torch.compile(prefill, fullgraph=True, dynamic=self.options.dynamic_prefill)
+            step = torch.compile(step, fullgraph=True, dynamic=self.options.dynamic_prefill)
+            if self.options.dynamic_prefill:
+                step = symbolic_shapes(step, [t for layer in self.net.layers for t in layer.weights()])
             if not self.options.triton:
                 decode = torch.compile(decode, options=compile_options(self.options), fullgraph=True, dynamic=False)
-        return prefill, decode
+        return step, decode
 
     def _prefill_body(self) -> None:
-        logits = self.net(self.prompt_ids, self.prompt_positions)[:, -1]
+        logits = self.net(self.prompt_ids, self.prompt_positions, self.cache, fresh=True, step=self._layer_step)[:, -1]
         first = pick(logits, self.sampling, self.uniform)
         self.tokens.copy_(first[:, None])
         self.out[:, 0].copy_(first)
@@ -379,9 +422,9 @@ class FastEngine:
 
     def _decode_body(self) -> None:
         if self.kernels is None:
-            logits = self.net(self.tokens, self.position)[:, -1]
+            logits = self.net(self.tokens, self.position, self.cache)[:, -1]
         else:
-            logits = self.net.decode_hidden(self.hidden, self.position, self.kernels)
+            logits = self.net.decode_hidden(self.hidden, self.position, self.cache, self.kernels)
             if self.sampling.greedy:  # argmax, next embedding and bookkeeping: one kernel
                 self.kernels.greedy_step(logits, self.net.embed, self.hidden, self.tokens, self.out, self.position,
                                          self.prompt_length)

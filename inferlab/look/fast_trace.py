@@ -76,7 +76,7 @@ def _gemv_fusions(kwargs: dict) -> str:
 class RecordingOps:
     """The decode step's operations, passed on to `inner` and recorded as `KernelCall`s."""
 
-    def __init__(self, inner, net) -> None:
+    def __init__(self, inner, net, cache) -> None:
         self.inner = inner
         self.calls: list[KernelCall] = []
         self._weights = {id(net.lm_head): (None, "lm_head")}
@@ -84,7 +84,7 @@ class RecordingOps:
         for index, layer in enumerate(net.layers):
             for name in _WEIGHT_ROLES:
                 self._weights[id(getattr(layer, name))] = (index, name)
-            self._caches[net.k_cache[index].data_ptr()] = index
+            self._caches[cache.k[index].data_ptr()] = index
 
     def gemv(self, x, weight, **kwargs):
         out = self.inner.gemv(x, weight, **kwargs)
@@ -136,14 +136,14 @@ def trace_fast_decode(model, prompt: Prompt, all_layers: bool = False) -> FastTr
         raise UsageError("the fast engine needs prompts of equal length (no padding): give one prompt or random ids")
     net = FastLlama(model)
     batch, length = prompt.input_ids.shape
-    net.setup_cache(batch, length + 1)
+    cache = net.new_cache(batch, length + 1)
     device = prompt.input_ids.device
-    first = net(prompt.input_ids, torch.arange(length, device=device))[:, -1].argmax(-1)
+    first = net(prompt.input_ids, torch.arange(length, device=device), cache, fresh=True)[:, -1].argmax(-1)
     inner, backend = _operations(device)
-    ops = RecordingOps(inner, net)
+    ops = RecordingOps(inner, net, cache)
     position = torch.tensor([length], device=device)
     hidden = F.embedding(first, net.embed)
-    logits = net.decode_hidden(hidden, position, ops)
+    logits = net.decode_hidden(hidden, position, cache, ops)
     tokens = torch.zeros(batch, 1, dtype=torch.long, device=device)
     out = torch.zeros(batch, 2, dtype=torch.long, device=device)
     ops.greedy_step(logits, net.embed, hidden, tokens, out, position, length)

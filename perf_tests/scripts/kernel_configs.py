@@ -187,14 +187,14 @@ def step_breakdown(loaded, position: int) -> dict:
 
     device = loaded.device
     net = FastLlama(loaded.model)
-    net.setup_cache(1, 4096)
+    cache = net.new_cache(1, 4096)
     hidden = net.embed[7:8].clone()
     at = torch.tensor([position], device=device)
     rows = {}
     for pdl in (False, True):
         kernels = ops.Kernels(pdl=pdl)
-        rows[f"model (layers + lm head), PDL {'on' if pdl else 'off'}"] = graph_us(lambda: net.decode_hidden(hidden, at, kernels))
-    logits = net.decode_hidden(hidden, at, ops.Kernels())
+        rows[f"model (layers + lm head), PDL {'on' if pdl else 'off'}"] = graph_us(lambda: net.decode_hidden(hidden, at, cache, kernels))
+    logits = net.decode_hidden(hidden, at, cache, ops.Kernels())
     tokens = torch.zeros(1, 1, dtype=torch.long, device=device)
     out = torch.zeros(1, 4096, dtype=torch.long, device=device)
     moving = torch.tensor([0], device=device)  # advances each replay: out has room for every replay
