@@ -73,6 +73,41 @@ def test_gemv_kernel_computes_the_specified_function(kernels, dtype, shape, vari
     assert_same_function(ours, expected)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", ["masked", "two-tiles"])
+@pytest.mark.parametrize("variant", ["norm", "residual", "gated"])
+@pytest.mark.parametrize("target", [64, 10_000])  # K cut in 2 or 4 ranges (uneven when masked: 3 tiles in 2)
+def test_the_tensor_core_kernel_split_over_k_computes_the_specified_function_launch_after_launch(
+        kernels, dtype, shape, variant, target):
+    N, K = SHAPES[shape]
+    M = 5
+    x, norm, residual = draw(M, K, dtype=dtype, seed=1), draw(K, dtype=dtype, seed=2), draw(M, N, dtype=dtype, seed=3)
+    weight = draw(2 * N if variant == "gated" else N, K, dtype=dtype, seed=4, scale=0.1)
+    kwargs = {"norm": dict(norm=norm, eps=1e-5), "residual": dict(residual=residual),
+              "gated": dict(norm=norm, eps=1e-5, gated=True)}[variant]
+    config = kernels.LaunchConfig(block_n=16, block_k=32, num_warps=4, num_stages=1)
+    policy = kernels.LaunchPolicy(rows_min_batch=2, rows_target_programs=target)
+    n_tiles = -(-N // 16)
+    assert kernels.rows_split_k(n_tiles, -(-K // 32), target) > 1
+    for launch in range(2):  # the second launch finds the arrival counts reset by the first
+        ours = kernels.gemv(x, weight, config=config, policy=policy, **kwargs)
+        assert_same_function(ours, decode_ops.gemv(x, weight, **kwargs))
+        x = x.roll(1, dims=0)
+    for _, arrivals in kernels._SPLIT_K_SCRATCH.values():
+        assert int(arrivals.abs().sum()) == 0
+
+
+@pytest.mark.parametrize("n_tiles, k_tiles, target, split", [
+    (64, 8, 0, 1),      # off
+    (176, 8, 132, 1),   # enough tiles already
+    (64, 8, 132, 4),    # 64 tiles -> 3 ranges wanted -> a power of two
+    (64, 22, 264, 8),   # down: K of 22 tiles
+    (64, 2, 1000, 2),   # never more ranges than K tiles
+])
+def test_k_is_cut_until_the_programs_reach_the_target(kernels, n_tiles, k_tiles, target, split):
+    assert kernels.rows_split_k(n_tiles, k_tiles, target) == split
+
+
 @pytest.mark.parametrize("rows_min_batch", [2, 4])
 def test_a_launch_policy_picks_the_kernel_without_touching_module_state(kernels, monkeypatch, rows_min_batch):
     """Three rows run one program each under the default policy and the tensor-core kernel under
@@ -120,6 +155,51 @@ def test_attention_kernel_matches_the_specification_and_writes_the_cache(kernels
     assert torch.equal(v_cache, expected_v)  # v is stored as given, no arithmetic
     untouched = [t for t in range(T) if t != position]
     assert torch.equal(k_cache[:, :, untouched], draw(M, kv_heads, T, hd, dtype=dtype, seed=7)[:, :, untouched])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("heads, kv_heads", [(4, 2), (6, 2)])  # groups of 2; of 3 (padded to 4 in the kernel)
+@pytest.mark.parametrize("splits", [1, 4])
+def test_split_attention_matches_the_specification_at_every_position_and_resets_its_counts(
+        kernels, dtype, heads, kv_heads, splits):
+    """Cut into `splits` ranges of 4-position tiles: empty ranges (position 0, 5), ranges of
+    several tiles with a masked end (37), and launch after launch on one scratch: the arrival
+    counts must be back at 0 after each launch for the next one's combine to run."""
+    M, hd, T = 2, 16, 48
+    qkv = draw(M, (heads + 2 * kv_heads) * hd, dtype=dtype, seed=5)
+    angles = draw(T, hd // 2, seed=6)
+    angles = torch.cat([angles, angles], dim=-1)
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    k_cache, v_cache = draw(M, kv_heads, T, hd, dtype=dtype, seed=7), draw(M, kv_heads, T, hd, dtype=dtype, seed=8)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    for position in (0, 5, 37, 47):
+        at = torch.tensor([position], device=DEVICE)
+        expected = decode_ops.attention_decode(qkv, cos, sin, at, expected_k, expected_v, heads, kv_heads)
+        ours = kernels.attention_decode_split(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads,
+                                              block_t=4, splits=splits)
+        assert_same_function(ours, expected)
+        assert_same_function(k_cache, expected_k)
+        assert torch.equal(v_cache, expected_v)
+        qkv = qkv.roll(1, dims=1)  # another token
+    for scratch in kernels._SCRATCH.values():
+        assert int(scratch[3].abs().sum()) == 0
+
+
+@pytest.mark.parametrize("cache_length, splits", [(16, 1), (64, 1), (65, 2), (256, 4), (1024, 16), (2048, 32),
+                                                  (32768, 32)])
+def test_the_context_is_cut_into_a_power_of_two_of_ranges_by_the_cache_length(kernels, cache_length, splits):
+    assert kernels.attention_splits(cache_length) == splits
+
+
+def test_the_launch_policy_chooses_the_attention_kernel(kernels, monkeypatch):
+    launched = []
+    for name in ("attention_decode", "attention_decode_split"):
+        monkeypatch.setattr(kernels, name, lambda *a, name=name, **k: launched.append(name))
+    kernels.Kernels().attention_decode(None)
+    kernels.Kernels(policy=kernels.LaunchPolicy(attention="split")).attention_decode(None)
+    assert launched == [kernels.DEFAULT_POLICY.attention_kernel, "attention_decode_split"]
+    with pytest.raises(ValueError, match="attention"):
+        kernels.LaunchPolicy(attention="flash")
 
 
 def test_attention_specification_is_softmax_attention_over_the_written_cache():
@@ -170,14 +250,17 @@ def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
 
 
 @pytest.mark.parametrize("batch", [2, 4])  # GEMVs of one program per row; the tensor-core kernel
-def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch):
+@pytest.mark.parametrize("policy", [{}, {"attention": "split"}, {"rows_min_batch": 2, "rows_target_programs": 1000}],
+                         ids=["defaults", "split-attention", "split-k"])
+def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch, policy):
     from inferlab.model.registry import load_model
 
     model = tiny.model if DEVICE.type == "cpu" else load_model("tiny-random", DEVICE, torch.float32).model
     prompt = random_prompt(model.config.vocab_size, 6, batch, torch.Generator().manual_seed(3), DEVICE)
     config = DecodeConfig(6, ignore_eos=True)
     # on CUDA the kernels are also captured in the decode step's graph and replayed
-    engine = FastEngine(model, FastOptions(compile=False, graphs=DEVICE.type == "cuda", triton=True))
+    launch = kernels.LaunchPolicy(**policy)
+    engine = FastEngine(model, FastOptions(compile=False, graphs=DEVICE.type == "cuda", triton=True, launch=launch))
     assert "triton" in engine.describe()
     assert torch.equal(engine.run(prompt, config, None, HostClock()), generate(model, prompt, config).tokens)
 

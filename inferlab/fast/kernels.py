@@ -53,8 +53,13 @@ MEASURED_GEMV: dict[tuple[int, int, bool], LaunchConfig] = {
     (32000, 2048, False): LaunchConfig(4, 1024, 4, 3),  # lm head
 }
 ATTENTION_BLOCK_T = 128
+# The split attention (`attention_decode_split`): positions per tile, and about one range of the
+# context per SPLIT_POSITIONS cached positions, at most MAX_SPLITS ranges.
+SPLIT_BLOCK_T, SPLIT_POSITIONS, MAX_SPLITS = 16, 64, 32
 GREEDY_BLOCK_V, GREEDY_WARPS = 8192, 16
 
+
+ATTENTION_KERNELS = {"head": "attention_decode", "split": "attention_decode_split"}
 
 ROWS_GEMV = LaunchConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # measured at batch 4 on the H200
 
@@ -73,6 +78,20 @@ class LaunchPolicy:
     rows_min_batch: int = 4
     rows_gemv: LaunchConfig = ROWS_GEMV
     rows_block_m: int = 16
+    # the tensor-core kernel cuts K into ranges until its programs number about this many (0: never)
+    rows_target_programs: int = 0
+    # "head": one program per query head (`attention_decode`); "split": one per KV head and range
+    # of the context, combined in the kernel (`attention_decode_split`)
+    attention: str = "head"
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KERNELS:
+            raise ValueError(f"attention must be one of {sorted(ATTENTION_KERNELS)}, not {self.attention!r}")
+
+    @property
+    def attention_kernel(self) -> str:
+        """The name of the function in this module that the policy's attention runs."""
+        return ATTENTION_KERNELS[self.attention]
 
     def gemv_config(self, n: int, k: int, gated: bool) -> LaunchConfig:
         """The launch shape for an [n, k] matrix (n rows per half when gated) at few rows."""
@@ -224,17 +243,26 @@ def _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K: tl.constexpr, NORM: 
 
 @triton.jit
 def _gemv_rows_kernel(
-    x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr,
+    x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, part_ptr, arrivals_ptr,
     M, eps,
     N: tl.constexpr, K: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    PDL: tl.constexpr, FP32: tl.constexpr,
+    SPLIT_K: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr,
 ):
     """out[m, n] for BLOCK_M rows m and BLOCK_N consecutive n, as a matrix product on the tensor
-    cores: each tile of W is read once for all the rows, so a batch costs one read of the weights."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cores: each tile of W is read once for all the rows, so a batch costs one read of the weights.
+
+    SPLIT_K > 1 cuts K into that many ranges, one program each (more programs for a narrow
+    matrix): each stores its float32 partial sums and counts itself in `arrivals`; the last to
+    arrive adds the partial sums in range order (the same result whatever the arrival order),
+    applies the epilogue and resets the count to 0 for the next launch.
+    """
+    tile_n = tl.program_id(0)
+    split = tl.program_id(1)
+    tile_m = tl.program_id(2)
+    offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     mask_n, mask_m = offs_n < N, offs_m < M
     rows = offs_n.to(tl.int64)[:, None] * K
     up_rows = (offs_n + N).to(tl.int64)[:, None] * K
@@ -248,31 +276,77 @@ def _gemv_rows_kernel(
         scale = _rms_scales(x_rows, mask_m, eps, K, BLOCK_M, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
+    K_TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    TILES_PER_SPLIT: tl.constexpr = (K_TILES + SPLIT_K - 1) // SPLIT_K
+    k_first = split * TILES_PER_SPLIT * BLOCK_K
+    for k0 in range(0, TILES_PER_SPLIT * BLOCK_K, BLOCK_K):
+        offs_k = k_first + k0 + tl.arange(0, BLOCK_K)
         xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype).to(dtype)  # [BM, BK]
-        w = _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K)  # [BN, BK]
+        w = _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K and K_TILES % SPLIT_K == 0)  # [BN, BK]
         if FP32:  # no TF32: the same products as the specification's float32 matmul
             acc = tl.dot(xv, tl.trans(w), acc, input_precision="ieee")
         else:
             acc = tl.dot(xv, tl.trans(w), acc)
         if GATED:
-            u = _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K)
+            u = _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K and K_TILES % SPLIT_K == 0)
             if FP32:
                 acc_up = tl.dot(xv, tl.trans(u), acc_up, input_precision="ieee")
             else:
                 acc_up = tl.dot(xv, tl.trans(u), acc_up)
-    y = acc.to(dtype)
-    if GATED:
-        gate = y.to(tl.float32)
-        y = (gate / (1.0 + tl.exp(-gate))).to(dtype)
-        y = (y.to(tl.float32) * acc_up.to(dtype).to(tl.float32)).to(dtype)
     at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
-    if RESIDUAL:
-        r = tl.load(res_ptr + at, mask=mask, other=0.0)
-        y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
-    tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
+    last = True
+    if SPLIT_K > 1:
+        tile = tile_m * tl.num_programs(0) + tile_n
+        cell = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        PART: tl.constexpr = BLOCK_M * BLOCK_N
+        tl.store(part_ptr + ((tile * SPLIT_K + split) * 2) * PART + cell, acc)
+        if GATED:
+            tl.store(part_ptr + ((tile * SPLIT_K + split) * 2 + 1) * PART + cell, acc_up)
+        tl.debug_barrier()  # every thread's partial sums are written before the count says so
+        last = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1
+        if last:
+            tl.debug_barrier()
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in range(SPLIT_K):
+                acc += tl.load(part_ptr + ((tile * SPLIT_K + s) * 2) * PART + cell, cache_modifier=".cg")
+                if GATED:
+                    acc_up += tl.load(part_ptr + ((tile * SPLIT_K + s) * 2 + 1) * PART + cell, cache_modifier=".cg")
+            tl.atomic_xchg(arrivals_ptr + tile, 0)
+    if last:
+        y = acc.to(dtype)
+        if GATED:
+            gate = y.to(tl.float32)
+            y = (gate / (1.0 + tl.exp(-gate))).to(dtype)
+            y = (y.to(tl.float32) * acc_up.to(dtype).to(tl.float32)).to(dtype)
+        if RESIDUAL:
+            r = tl.load(res_ptr + at, mask=mask, other=0.0)
+            y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
+        tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+_SPLIT_K_SCRATCH: dict = {}
+
+
+def _split_k_scratch(device: torch.device, tiles: int, split_k: int, block_m: int, block_n: int) -> tuple:
+    """Partial sums ([gate and up] for each tile and range) and arrival counts, zero between
+    launches (each launch's last programs reset them): allocated once per shape and kept."""
+    key = (device, tiles, split_k, block_m, block_n)
+    if key not in _SPLIT_K_SCRATCH:
+        _SPLIT_K_SCRATCH[key] = (torch.empty(tiles * split_k * 2 * block_m * block_n, device=device, dtype=torch.float32),
+                                 torch.zeros(tiles, device=device, dtype=torch.int32))
+    return _SPLIT_K_SCRATCH[key]
+
+
+def rows_split_k(n_tiles: int, k_tiles: int, target_programs: int) -> int:
+    """Ranges of K for the tensor-core kernel: enough that `n_tiles` output tiles make about
+    `target_programs` programs (a power of two, at most one range per K tile); 1 when
+    `target_programs` is 0 or the tiles alone reach it."""
+    if target_programs <= n_tiles:
+        return 1
+    wanted = -(-target_programs // n_tiles)
+    return min(1 << (wanted - 1).bit_length(), 1 << (k_tiles.bit_length() - 1))
 
 
 # From `policy.rows_min_batch` rows on, the tensor-core kernel (tiles of at least 16 x 16 x 16);
@@ -312,10 +386,14 @@ def gemv(
         )
         return out
     c = config or policy.rows_gemv
-    _gemv_rows_kernel[(triton.cdiv(N, c.block_n), triton.cdiv(M, policy.rows_block_m))](
-        *operands, **flags, BLOCK_M=policy.rows_block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-        EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, FP32=weight.dtype == torch.float32,
-        num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
+    n_tiles, m_tiles = triton.cdiv(N, c.block_n), triton.cdiv(M, policy.rows_block_m)
+    split_k = rows_split_k(n_tiles * m_tiles, triton.cdiv(K, c.block_k), policy.rows_target_programs)
+    part, arrivals = (out, out) if split_k == 1 else _split_k_scratch(x.device, n_tiles * m_tiles, split_k,
+                                                                      policy.rows_block_m, c.block_n)
+    _gemv_rows_kernel[(n_tiles, split_k, m_tiles)](
+        *operands[:5], part, arrivals, *operands[5:], **flags, BLOCK_M=policy.rows_block_m, BLOCK_N=c.block_n,
+        BLOCK_K=c.block_k, EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, SPLIT_K=split_k,
+        FP32=weight.dtype == torch.float32, num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
     )
     return out
 
@@ -433,6 +511,170 @@ def attention_decode(
 
 
 @triton.jit
+def _attend_group(keys, values, valid, q, scale, best, total, acc):
+    """`_attend` for the G query heads of one KV head at once: q [G, HD]; best, total [G]; acc [G, HD]."""
+    scores = tl.sum(q[:, None, :] * keys.to(tl.float32)[None, :, :], axis=2) * scale  # [G, BLOCK_T]
+    scores = tl.where(valid[None, :], scores, float("-inf"))
+    new_best = tl.maximum(best, tl.max(scores, axis=1))
+    correction = tl.exp(best - new_best)
+    p = tl.exp(scores - new_best[:, None])
+    total = total * correction + tl.sum(p, axis=1)
+    acc = acc * correction[:, None] + tl.sum(p[:, :, None] * values.to(tl.float32)[None, :, :], axis=1)
+    return new_best, total, acc
+
+
+@triton.jit
+def _attention_split_kernel(
+    qkv_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, out_ptr,
+    part_acc_ptr, part_best_ptr, part_total_ptr, arrivals_ptr,
+    stride_cm, stride_ch, stride_ct, scale,
+    NH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
+    SPLITS: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
+):
+    """Split over the context (flash-decoding), one program per (row m, KV head, split).
+
+    The G query heads that share a KV head are one program, so each cached key and value is read
+    once, not G times. The positions [0, pos) are cut into SPLITS ranges of whole BLOCK_T tiles;
+    each program folds its range into a running maximum, normalizer and weighted sum per query
+    head (split 0 starts from the new token, which it also writes to the cache), stores them, and
+    counts itself in `arrivals`. The program that arrives last combines the SPLITS partial
+    results and resets the count to 0 for the next launch: no second kernel.
+    """
+    pid = tl.program_id(0)
+    split = pid % SPLITS
+    kv = (pid // SPLITS) % KVH
+    m = pid // (SPLITS * KVH)
+    HALF: tl.constexpr = HD // 2
+    dtype = k_ptr.dtype.element_ty
+    d = tl.arange(0, HD)
+    g = tl.arange(0, G_PAD)
+    heads = kv * G + g
+    head_ok = g < G
+    partner = (d + HALF) % HD
+    pos = tl.load(pos_ptr)
+    tiles_per_split = tl.cdiv(tl.cdiv(pos, BLOCK_T), SPLITS)
+    t0 = split * tiles_per_split * BLOCK_T
+    t_end = tl.minimum((split + 1) * tiles_per_split * BLOCK_T, pos)
+    cache_at = m * stride_cm + kv * stride_ch
+    t = t0 + tl.arange(0, BLOCK_T)
+    valid = t < t_end
+    at = cache_at + t[:, None] * stride_ct + d[None, :]
+    keys = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)  # written in earlier steps: read before the wait
+    values = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
+    cos = tl.load(cos_ptr + pos * HD + d).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * HD + d).to(tl.float32)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()  # this token's q, k, v come from the previous kernel
+    row = qkv_ptr + m * (NH + 2 * KVH) * HD
+    q_at = row + heads[:, None] * HD
+    sign = tl.where(d < HALF, -1.0, 1.0)
+    q = tl.load(q_at + d[None, :], mask=head_ok[:, None], other=0.0).to(tl.float32)
+    q_partner = tl.load(q_at + partner[None, :], mask=head_ok[:, None], other=0.0).to(tl.float32)
+    q = (q * cos[None, :] + sign[None, :] * q_partner * sin[None, :]).to(dtype).to(tl.float32)  # [G_PAD, HD]
+    best = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
+    total = tl.zeros([G_PAD], dtype=tl.float32)
+    acc = tl.zeros([G_PAD, HD], dtype=tl.float32)
+    if split == 0:  # the new token: written to the cache here, attended from registers
+        k_at = row + (NH + kv) * HD
+        k = _rope(tl.load(k_at + d).to(tl.float32), tl.load(k_at + partner).to(tl.float32), cos, sin, d, HALF).to(dtype)
+        v = tl.load(row + (NH + KVH + kv) * HD + d).to(dtype)
+        tl.store(k_ptr + cache_at + pos * stride_ct + d, k)
+        tl.store(v_ptr + cache_at + pos * stride_ct + d, v)
+        best = tl.sum(q * k.to(tl.float32)[None, :], axis=1) * scale
+        total = best * 0.0 + 1.0
+        acc = acc + v.to(tl.float32)[None, :]
+    while t0 < t_end:  # a while loop: its bounds are read on the device
+        best, total, acc = _attend_group(keys, values, valid, q, scale, best, total, acc)
+        t0 += BLOCK_T
+        t = t0 + tl.arange(0, BLOCK_T)
+        valid = t < t_end
+        at = cache_at + t[:, None] * stride_ct + d[None, :]
+        keys = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
+        values = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
+    group = m * KVH + kv
+    part = (group * SPLITS + split) * G_PAD + g
+    tl.store(part_best_ptr + part, best)
+    tl.store(part_total_ptr + part, total)
+    tl.store(part_acc_ptr + part[:, None] * HD + d[None, :], acc)
+    tl.debug_barrier()  # every thread's partial results are written before the count says so
+    arrived = tl.atomic_add(arrivals_ptr + group, 1, sem="acq_rel")
+    if arrived == SPLITS - 1:  # the last of this group's programs: combine
+        tl.debug_barrier()
+        first = group * SPLITS * G_PAD + g
+        top = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
+        for s in range(SPLITS):
+            top = tl.maximum(top, tl.load(part_best_ptr + first + s * G_PAD, cache_modifier=".cg"))
+        norm = tl.zeros([G_PAD], dtype=tl.float32)
+        out = tl.zeros([G_PAD, HD], dtype=tl.float32)
+        for s in range(SPLITS):
+            at_s = first + s * G_PAD
+            weight = tl.exp(tl.load(part_best_ptr + at_s, cache_modifier=".cg") - top)  # 0 for an empty split
+            norm += weight * tl.load(part_total_ptr + at_s, cache_modifier=".cg")
+            out += weight[:, None] * tl.load(part_acc_ptr + at_s[:, None] * HD + d[None, :], cache_modifier=".cg")
+        out_at = out_ptr + m * NH * HD + heads[:, None] * HD + d[None, :]
+        tl.store(out_at, (out / norm[:, None]).to(dtype), mask=head_ok[:, None])
+        tl.atomic_xchg(arrivals_ptr + group, 0)
+
+
+_SCRATCH: dict = {}
+
+
+def _split_scratch(device: torch.device, groups: int, splits: int, g_pad: int, hd: int) -> tuple:
+    """Partial results and arrival counts for `groups` (row, KV head) pairs; the counts are zero
+    between launches (each launch's last program resets them), so they are allocated once and kept."""
+    key = (device, groups, splits, g_pad, hd)
+    if key not in _SCRATCH:
+        _SCRATCH[key] = (torch.empty(groups * splits * g_pad * hd, device=device, dtype=torch.float32),
+                         torch.empty(groups * splits * g_pad, device=device, dtype=torch.float32),
+                         torch.empty(groups * splits * g_pad, device=device, dtype=torch.float32),
+                         torch.zeros(groups, device=device, dtype=torch.int32))
+    return _SCRATCH[key]
+
+
+def attention_splits(cache_length: int, split_positions: int = SPLIT_POSITIONS, max_splits: int = MAX_SPLITS) -> int:
+    """How many ranges `attention_decode_split` cuts the context into: about one per
+    `split_positions` positions of the cache, a power of two, at most `max_splits`. Fixed by the
+    cache's length, so a captured graph keeps its grid while the position grows."""
+    wanted = max(1, -(-cache_length // split_positions))
+    return min(max_splits, 1 << (wanted - 1).bit_length())
+
+
+def attention_decode_split(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    block_t: int = SPLIT_BLOCK_T,
+    splits: int | None = None,
+    pdl: bool | None = None,
+) -> torch.Tensor:
+    """Same contract as `inferlab.fast.spec.attention_decode`, split over the context (see
+    `_attention_split_kernel`); `splits` defaults to `attention_splits(cache length)`."""
+    M = qkv.shape[0]
+    hd = k_cache.shape[-1]
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and qkv.is_contiguous()
+    assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == hd
+    group = num_heads // num_kv_heads
+    g_pad = triton.next_power_of_2(group)
+    splits = splits or attention_splits(k_cache.shape[2])
+    out = torch.empty(M, num_heads * hd, device=qkv.device, dtype=k_cache.dtype)
+    part_acc, part_best, part_total, arrivals = _split_scratch(qkv.device, M * num_kv_heads, splits, g_pad, hd)
+    pdl = _use_pdl(qkv.device, pdl)
+    _attention_split_kernel[(M * num_kv_heads * splits,)](
+        qkv, cos, sin, position, k_cache, v_cache, out, part_acc, part_best, part_total, arrivals,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hd**-0.5,
+        NH=num_heads, KVH=num_kv_heads, HD=hd, G=group, G_PAD=g_pad, SPLITS=splits, BLOCK_T=block_t, PDL=pdl,
+        num_warps=4, **_launch_options(pdl),
+    )
+    return out
+
+
+@triton.jit
 def _greedy_step_kernel(
     logits_ptr, embed_ptr, hidden_ptr, tokens_ptr, out_ptr, pos_ptr,
     M, out_stride, first_position,
@@ -497,7 +739,7 @@ class Kernels:
         return gemv(*args, pdl=self.pdl, policy=self.policy, **kwargs)
 
     def attention_decode(self, *args, **kwargs) -> torch.Tensor:
-        return attention_decode(*args, pdl=self.pdl, **kwargs)
+        return globals()[self.policy.attention_kernel](*args, pdl=self.pdl, **kwargs)
 
     def greedy_step(self, *args, **kwargs) -> None:
         greedy_step(*args, **kwargs)

@@ -17,6 +17,10 @@ here when they differ from those in use.
     --no-gemv-probe   skip the projections' launch-shape search (the rest takes ~1 minute)
     --narrow          search only near the H200's best shapes
     --no-pdl          probe the kernels launched one after another
+    --attention-variants
+                      only the two attention kernels (one program per query head; split over
+                      the context, `attention_decode_split`) alone at short and long contexts,
+                      and the decode step with each at prompts 128 and 1920
     --batch-sizes     only the decode step at several batch sizes: one GEMV program per row
                       against the tensor-core batched kernel's launch shapes
 """
@@ -138,23 +142,69 @@ def probe_attention(device, position: int, max_seq: int, pdl: bool) -> list[dict
     return rows
 
 
-def step_tpot(loaded, measured, options: FastOptions, label: str, batch_size: int = 1) -> dict:
-    bench = BenchConfig(engine="fast", prompt_length=128, output_length=128, batch_size=batch_size, warmup_runs=3, runs=10)
+def step_tpot(loaded, measured, options: FastOptions, label: str, batch_size: int = 1, prompt_length: int = 128) -> dict:
+    bench = BenchConfig(engine="fast", prompt_length=prompt_length, output_length=128, batch_size=batch_size,
+                        warmup_runs=3, runs=10)
     result = run_benchmark(loaded, bench, measured, engine=FastEngine(loaded.model, options))
     s = result.summary
     line = result.roofline_summary()
     print(f"step {label}: TTFT p50 {s['ttft_ms']['p50']:.3f} ms | TPOT p50 {s['tpot_ms']['p50']:.4f} p99 "
           f"{s['tpot_ms']['p99']:.4f} ms | {100 * line['fraction_of_peak']:.1f}% of copy bandwidth | prepare "
           f"{result.prepare_ms / 1e3:.1f} s", flush=True)
-    return {"label": label, "batch_size": batch_size, "summary": s, "roofline": line, "prepare_ms": result.prepare_ms}
+    return {"label": label, "batch_size": batch_size, "prompt_length": prompt_length, "summary": s, "roofline": line,
+            "prepare_ms": result.prepare_ms}
+
+
+ATTENTION_CASES = [(1, 128, 256), (1, 1024, 2048), (1, 1920, 2048), (8, 128, 256), (8, 1920, 2048)]  # (batch, position, cache)
+
+
+def attention_variants(loaded, measured, pdl: bool) -> dict:
+    """The two attention kernels side by side: each alone (22 layers' caches, replayed in a graph)
+    at short and long contexts, then the whole decode step at prompts 128 and 1920."""
+    heads, kv_heads, hd, layers = 32, 4, 64, 22
+    device = loaded.device
+    kernels = []
+    for batch, position, max_seq in ATTENTION_CASES:
+        qkv = torch.randn(batch, (heads + 2 * kv_heads) * hd, device=device, dtype=torch.bfloat16)
+        angles = torch.randn(max_seq, hd // 2, device=device)
+        angles = torch.cat([angles, angles], dim=-1)
+        cos, sin = angles.cos().bfloat16(), angles.sin().bfloat16()
+        caches = [(torch.randn(batch, kv_heads, max_seq, hd, device=device, dtype=torch.bfloat16),
+                   torch.randn(batch, kv_heads, max_seq, hd, device=device, dtype=torch.bfloat16)) for _ in range(layers)]
+        at = torch.tensor([position], device=device)
+        k_ref, v_ref = caches[0][0].clone(), caches[0][1].clone()
+        expected = decode_ops.attention_decode(qkv, cos, sin, at, k_ref, v_ref, heads, kv_heads)
+        row = {"batch": batch, "position": position, "cache": max_seq, "kv_bytes": 2 * batch * kv_heads * position * hd * 2}
+        for name in ("head", "split"):
+            attend = getattr(ops, ops.ATTENTION_KERNELS[name])
+            k0, v0 = caches[0][0].clone(), caches[0][1].clone()
+            got = attend(qkv, cos, sin, at, k0, v0, heads, kv_heads, pdl=pdl)
+            error = ((got.float() - expected.float()).norm() / expected.float().norm()).item()
+            us = time_per_launch_us([lambda k=k, v=v: attend(qkv, cos, sin, at, k, v, heads, kv_heads, pdl=pdl)
+                                     for k, v in caches])
+            row[name] = {"us": us, "relative_error_vs_spec": error}
+        row["splits"] = ops.attention_splits(max_seq)
+        print(f"attention b{batch} position {position} cache {max_seq}: head {row['head']['us']:.2f} us, split "
+              f"({row['splits']} ranges) {row['split']['us']:.2f} us; rel err {row['head']['relative_error_vs_spec']:.1e} / "
+              f"{row['split']['relative_error_vs_spec']:.1e}", flush=True)
+        kernels.append(row)
+        del caches
+    steps = []
+    for prompt_length in (128, 1920):
+        for name in ("head", "split"):
+            options = FastOptions(compile=True, graphs=True, triton=True, launch=ops.LaunchPolicy(attention=name))
+            steps.append({**step_tpot(loaded, measured, options, f"attention {name}, prompt {prompt_length}",
+                                      prompt_length=prompt_length), "attention": name})
+    return {"kernels": kernels, "steps": steps}
 
 
 ROWS_CANDIDATES = [ops.LaunchConfig(bn, bk, 4, stages) for bn in (16, 32) for bk in (128, 256, 512) for stages in (3, 4)]
 
 
-def batched_steps(loaded, measured, batch_sizes: list[int], budget_s: float, candidates) -> list[dict]:
+def batched_steps(loaded, measured, batch_sizes: list[int], budget_s: float, candidates, targets=(0,)) -> list[dict]:
     """The decode step at each batch size: one program per row (per-row) against the tensor-core
-    kernel with each candidate launch shape, until the budget runs out."""
+    kernel with each candidate launch shape and split-K target (programs per matrix; 0: no split),
+    until the budget runs out."""
     deadline = time.perf_counter() + budget_s
     steps = []
     options = FastOptions(compile=False, graphs=True, triton=True)
@@ -165,17 +215,17 @@ def batched_steps(loaded, measured, batch_sizes: list[int], budget_s: float, can
         per_row = replace(options, launch=ops.LaunchPolicy(rows_min_batch=batch_size + 1))
         steps.append({**step_tpot(loaded, measured, per_row, f"triton, batch {batch_size}, per-row", batch_size),
                       "batched_gemv": "per-row"})
-        for config in candidates:
+        for config, target in itertools.product(candidates, targets):
             if time.perf_counter() > deadline:
                 break
-            rows = replace(options, launch=ops.LaunchPolicy(rows_min_batch=2, rows_gemv=config))
-            label = f"triton, batch {batch_size}, rows {config.__dict__}"
+            rows = replace(options, launch=ops.LaunchPolicy(rows_min_batch=2, rows_gemv=config, rows_target_programs=target))
+            label = f"triton, batch {batch_size}, rows {config.__dict__}, split-K target {target}"
             try:
                 step = step_tpot(loaded, measured, rows, label, batch_size)
             except Exception as error:  # a shape the compiler rejects (shared memory, registers)
                 print(f"step {label}: {type(error).__name__}: {str(error).splitlines()[0][:120]}", flush=True)
                 continue
-            steps.append({**step, "batched_gemv": "rows", "config": config.__dict__})
+            steps.append({**step, "batched_gemv": "rows", "config": config.__dict__, "split_k_target": target})
     return steps
 
 
@@ -228,6 +278,11 @@ def main() -> int:
                              "tensor-core kernel's launch shapes, within --probe-budget-s")
     parser.add_argument("--rows-candidates", choices=("all", "in-use"), default="all",
                         help="the tensor-core kernel's launch shapes to try: all candidates, or the default policy's only")
+    parser.add_argument("--rows-targets", default="0",
+                        help="split-K targets for the tensor-core kernel (programs per matrix, 0: no split), e.g. 0,132,264")
+    parser.add_argument("--attention-variants", action="store_true",
+                        help="only the attention kernels (one program per head, split over the context) side by side, "
+                             "alone and in the decode step at prompts 128 and 1920")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("kernel_configs: needs a CUDA device", file=sys.stderr)
@@ -242,11 +297,17 @@ def main() -> int:
 
     print(f"{env['device_name']} | torch {env['torch']} | triton {triton.__version__} | CUDA {env['cuda']} | "
           f"driver {env['driver']} | copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
+    if args.attention_variants:
+        loaded = load_model("tinyllama-1.1b-random", device, torch.bfloat16)
+        report = attention_variants(loaded, measured, ops.pdl_supported(device) and not args.no_pdl)
+        write_json_atomic(out / "attention.json", {"environment": env, "triton": triton.__version__,
+                                                   "bandwidth": bandwidth, **report})
+        return 0
     if args.batch_sizes:
         loaded = load_model("tinyllama-1.1b-random", device, torch.bfloat16)
         candidates = ROWS_CANDIDATES if args.rows_candidates == "all" else [ops.DEFAULT_POLICY.rows_gemv]
         steps = batched_steps(loaded, measured, [int(b) for b in args.batch_sizes.split(",")], args.probe_budget_s,
-                              candidates)
+                              candidates, [int(t) for t in args.rows_targets.split(",")])
         write_json_atomic(out / "kernels.json", {"environment": env, "triton": triton.__version__,
                                                  "bandwidth": bandwidth, "steps": steps})
         return 0
