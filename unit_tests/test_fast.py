@@ -21,9 +21,10 @@ def prompt_of(model, length, batch=1, seed=0):
 
 
 @torch.inference_mode()
-def test_logits_equal_transformers_at_prefill_and_every_cached_step(tiny):
+@pytest.mark.parametrize("prefill_flash", [True, False])  # the prefill's fused causal kernel, or matmul + softmax
+def test_logits_equal_transformers_at_prefill_and_every_cached_step(tiny, prefill_flash):
     prompt = prompt_of(tiny.model, 7, batch=2)
-    net = FastLlama(tiny.model)
+    net = FastLlama(tiny.model, prefill_flash=prefill_flash)
     cache = net.new_cache(2, 7 + 5)
     ids = prompt.input_ids
     for step in range(5):
@@ -164,6 +165,11 @@ def test_the_exponential_race_draws_from_the_warped_distribution():
 def test_greedy_pick_is_argmax():
     logits = torch.tensor([[0.1, 2.0, -1.0], [3.0, 0.0, 2.9]])
     assert pick(logits, SamplingConfig(), None).tolist() == [1, 0]
+
+
+def test_an_unknown_prefill_attention_is_refused_with_the_choices():
+    with pytest.raises(UsageError, match="'flash' or 'matmul'"):
+        FastOptions(prefill_attention="sdpa")
 
 
 def test_padded_prompts_and_cpu_graphs_are_refused_with_a_reason(tiny):

@@ -21,8 +21,9 @@ arguments (`KVCache`), not module buffers (dynamo specializes the shapes of modu
 one layer compiles in a fraction of the time of all of them unrolled. The static cache is sized
 by `cache_length`, a bucket that does not change with every output length. A new (batch, prompt
 length, output length) then costs a cache, buffers and two graph captures, not a compile. The
-prefill attends over its own keys and values (a fresh request starts at position 0), so a larger
-cache bucket costs it nothing; the Triton decode attention reads only the positions written.
+prefill attends over its own keys and values (a fresh request starts at position 0) with one
+fused causal kernel, so a larger cache bucket costs it nothing and a long prompt never holds
+prompt x prompt scores in memory; the Triton decode attention reads only the positions written.
 
 Sampling stays on the device: greedy is argmax; sampling draws ``u ~ U(0, 1)`` per vocabulary
 entry from the caller's generator (outside the graph) and picks ``argmax(p / -log u)``, which is
@@ -61,8 +62,12 @@ class FastOptions:
     inductor's default mode.
     `pdl`: the Triton kernels use programmatic dependent launch (Hopper and later GPUs): each
     kernel starts reading its weights while the one before it finishes.
-    `sdpa=False` writes attention as two matrix products and a softmax that inductor can fuse,
-    instead of calling the fused attention kernel (which is built for long sequences).
+    `sdpa=False` writes attention over the cache (the torch decode step) as two matrix products
+    and a softmax that inductor can fuse, instead of calling the fused attention kernel (which is
+    built for long sequences).
+    `prefill_attention`: "flash" runs the prefill's causal attention over the prompt's own keys as
+    one fused kernel (`scaled_dot_product_attention`, is_causal, GQA); "matmul" as two matrix
+    products and a masked softmax, which materializes prompt x prompt scores per head.
     """
 
     compile: bool | None = None
@@ -72,8 +77,13 @@ class FastOptions:
     compile_mode: str = "max-autotune-no-cudagraphs"
     coordinate_descent: bool = True
     sdpa: bool = False
+    prefill_attention: str = "flash"
     launch: object | None = None  # a `kernels.LaunchPolicy` for the Triton kernels; None: the measured default
     dynamic_prefill: bool = True  # one prefill compile for every prompt and cache length
+
+    def __post_init__(self) -> None:
+        if self.prefill_attention not in ("flash", "matmul"):
+            raise UsageError(f"prefill_attention must be 'flash' or 'matmul', not {self.prefill_attention!r}")
 
     def resolved(self, device: torch.device) -> "FastOptions":
         cuda = device.type == "cuda"
@@ -185,9 +195,11 @@ class LayerStep(nn.Module):
     (same shapes) and every cache (sizes symbolic).
     """
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, sdpa: bool) -> None:
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, sdpa: bool,
+                 prefill_flash: bool = True) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.sdpa = num_heads, num_kv_heads, head_dim, eps, sdpa
+        self.prefill_flash = prefill_flash
 
     def forward(self, x, weights, k_cache, v_cache, cos, sin, positions, fresh: bool) -> torch.Tensor:
         """x [B, S, H] at positions [S] -> [B, S, H]; writes this layer's K/V [B, kvh, T, hd] at those positions.
@@ -214,6 +226,9 @@ class LayerStep(nn.Module):
         k = k * cos + rotate_half(k) * sin
         k_cache.index_copy_(2, positions, k)
         v_cache.index_copy_(2, positions, v)
+        if fresh and self.prefill_flash:  # one fused causal kernel; the query heads of a group share K/V
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=hd**-0.5, enable_gqa=True)
+            return F.linear(out.transpose(1, 2).reshape(B, S, nh * hd), wo)
         if fresh:
             keys, values, key_positions = k, v, positions
         else:
@@ -235,7 +250,7 @@ class LayerStep(nn.Module):
 class FastLlama(nn.Module):
     """A Llama forward pass over a static KV cache: tokens [B, S] at positions [S] -> logits [B, 1, V]."""
 
-    def __init__(self, hf_model, sdpa: bool = False) -> None:
+    def __init__(self, hf_model, sdpa: bool = False, prefill_flash: bool = True) -> None:
         super().__init__()
         check_supported(hf_model)
         config = hf_model.config
@@ -243,7 +258,7 @@ class FastLlama(nn.Module):
         self.num_kv_heads = dims.kv_heads(config)
         self.head_dim = dims.head_dim(config)
         self.eps = config.rms_norm_eps
-        self.step = LayerStep(self.num_heads, self.num_kv_heads, self.head_dim, self.eps, sdpa)
+        self.step = LayerStep(self.num_heads, self.num_kv_heads, self.head_dim, self.eps, sdpa, prefill_flash)
         self.layers = nn.ModuleList(FastLayer(layer) for layer in hf_model.model.layers)
         self.register_buffer("embed", hf_model.get_input_embeddings().weight.detach(), persistent=False)
         self.register_buffer("norm", hf_model.model.norm.weight.detach(), persistent=False)
@@ -355,7 +370,8 @@ class FastEngine:
             raise UsageError("the fast engine needs prompts of equal length (no padding): use --engine eager or hf")
         B, S, N = key[:3]
         if self.net is None:
-            self.net = FastLlama(self.hf_model, sdpa=self.options.sdpa)
+            self.net = FastLlama(self.hf_model, sdpa=self.options.sdpa,
+                                 prefill_flash=self.options.prefill_attention == "flash")
         positions = cache_length(S + N, getattr(self.hf_model.config, "max_position_embeddings", None))
         self.cache = self.net.new_cache(B, positions)
         vocab = self.net.embed.shape[0]

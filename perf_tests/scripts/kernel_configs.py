@@ -20,7 +20,8 @@ here when they differ from those in use.
     --attention-variants
                       only the two attention kernels (one program per query head; split over
                       the context, `attention_decode_split`) alone at short and long contexts,
-                      and the decode step with each at prompts 128 and 1920
+                      and the decode step with each at prompts 128 and 1920 (TTFT with the
+                      prefill's attention as matmul + softmax and as one fused causal kernel)
     --batch-sizes     only the decode step at several batch sizes: one GEMV program per row
                       against the tensor-core batched kernel's launch shapes
 """
@@ -191,10 +192,12 @@ def attention_variants(loaded, measured, pdl: bool) -> dict:
         del caches
     steps = []
     for prompt_length in (128, 1920):
-        for name in ("head", "split"):
-            options = FastOptions(compile=True, graphs=True, triton=True, launch=ops.LaunchPolicy(attention=name))
-            steps.append({**step_tpot(loaded, measured, options, f"attention {name}, prompt {prompt_length}",
-                                      prompt_length=prompt_length), "attention": name})
+        for name, prefill in (("head", "matmul"), ("head", "flash"), ("split", "flash")):
+            options = FastOptions(compile=True, graphs=True, triton=True, launch=ops.LaunchPolicy(attention=name),
+                                  prefill_attention=prefill)
+            label = f"decode attention {name}, prefill attention {prefill}, prompt {prompt_length}"
+            steps.append({**step_tpot(loaded, measured, options, label, prompt_length=prompt_length),
+                          "attention": name, "prefill_attention": prefill})
     return {"kernels": kernels, "steps": steps}
 
 
