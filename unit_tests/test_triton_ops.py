@@ -185,19 +185,23 @@ def test_split_attention_matches_the_specification_at_every_position_and_resets_
         assert int(scratch[3].abs().sum()) == 0
 
 
-@pytest.mark.parametrize("cache_length, splits", [(16, 1), (64, 1), (65, 2), (256, 4), (1024, 16), (2048, 32),
-                                                  (32768, 32)])
+@pytest.mark.parametrize("cache_length, splits", [(16, 1), (32, 1), (33, 2), (65, 4), (256, 8), (1024, 32), (2048, 64),
+                                                  (32768, 64)])
 def test_the_context_is_cut_into_a_power_of_two_of_ranges_by_the_cache_length(kernels, cache_length, splits):
     assert kernels.attention_splits(cache_length) == splits
 
 
-def test_the_launch_policy_chooses_the_attention_kernel(kernels, monkeypatch):
+def test_the_launch_policy_chooses_the_attention_kernel_and_its_ranges(kernels, monkeypatch):
     launched = []
     for name in ("attention_decode", "attention_decode_split"):
-        monkeypatch.setattr(kernels, name, lambda *a, name=name, **k: launched.append(name))
-    kernels.Kernels().attention_decode(None)
-    kernels.Kernels(policy=kernels.LaunchPolicy(attention="split")).attention_decode(None)
-    assert launched == [kernels.DEFAULT_POLICY.attention_kernel, "attention_decode_split"]
+        monkeypatch.setattr(kernels, name, lambda *a, name=name, **k: launched.append((name, k.get("splits"))))
+    cache = torch.zeros(1, 2, 512, 16)
+    operands = (None, None, None, None, cache, cache, 4, 2)
+    kernels.Kernels().attention_decode(*operands)
+    kernels.Kernels(policy=kernels.LaunchPolicy(attention="split")).attention_decode(*operands)
+    kernels.Kernels(policy=kernels.LaunchPolicy(attention="split", split_positions=128)).attention_decode(*operands)
+    assert launched == [(kernels.DEFAULT_POLICY.attention_kernel, None), ("attention_decode_split", 16),
+                        ("attention_decode_split", 4)]
     with pytest.raises(ValueError, match="attention"):
         kernels.LaunchPolicy(attention="flash")
 

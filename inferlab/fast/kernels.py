@@ -55,7 +55,7 @@ MEASURED_GEMV: dict[tuple[int, int, bool], LaunchConfig] = {
 ATTENTION_BLOCK_T = 128
 # The split attention (`attention_decode_split`): positions per tile, and about one range of the
 # context per SPLIT_POSITIONS cached positions, at most MAX_SPLITS ranges.
-SPLIT_BLOCK_T, SPLIT_POSITIONS, MAX_SPLITS = 16, 64, 32
+SPLIT_BLOCK_T, SPLIT_POSITIONS, MAX_SPLITS = 16, 32, 64
 GREEDY_BLOCK_V, GREEDY_WARPS = 8192, 16
 
 
@@ -81,8 +81,11 @@ class LaunchPolicy:
     # the tensor-core kernel cuts K into ranges until its programs number about this many (0: never)
     rows_target_programs: int = 0
     # "head": one program per query head (`attention_decode`); "split": one per KV head and range
-    # of the context, combined in the kernel (`attention_decode_split`)
+    # of the context, combined in the kernel (`attention_decode_split`), with these tiles and ranges
     attention: str = "head"
+    split_block_t: int = SPLIT_BLOCK_T
+    split_positions: int = SPLIT_POSITIONS
+    max_splits: int = MAX_SPLITS
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KERNELS:
@@ -738,8 +741,13 @@ class Kernels:
     def gemv(self, *args, **kwargs) -> torch.Tensor:
         return gemv(*args, pdl=self.pdl, policy=self.policy, **kwargs)
 
-    def attention_decode(self, *args, **kwargs) -> torch.Tensor:
-        return globals()[self.policy.attention_kernel](*args, pdl=self.pdl, **kwargs)
+    def attention_decode(self, qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads) -> torch.Tensor:
+        operands = (qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
+        policy = self.policy
+        if policy.attention == "split":
+            splits = attention_splits(k_cache.shape[2], policy.split_positions, policy.max_splits)
+            return attention_decode_split(*operands, block_t=policy.split_block_t, splits=splits, pdl=self.pdl)
+        return attention_decode(*operands, pdl=self.pdl)
 
     def greedy_step(self, *args, **kwargs) -> None:
         greedy_step(*args, **kwargs)

@@ -156,6 +156,12 @@ def step_tpot(loaded, measured, options: FastOptions, label: str, batch_size: in
             "prepare_ms": result.prepare_ms}
 
 
+# The attention kernels compared: one program per query head, and the split kernel with a few
+# tile sizes (positions per tile) and range lengths (cache positions per range of the context).
+SPLIT_POLICIES = {"head": ops.LaunchPolicy()} | {
+    f"split t{block_t} r{positions}": ops.LaunchPolicy(attention="split", split_block_t=block_t, split_positions=positions)
+    for block_t, positions in ((16, 16), (16, 32), (16, 64), (32, 32), (32, 64), (32, 128))
+}
 ATTENTION_CASES = [(1, 128, 256), (1, 1024, 2048), (1, 1920, 2048), (8, 128, 256), (8, 1920, 2048)]  # (batch, position, cache)
 
 
@@ -176,18 +182,15 @@ def attention_variants(loaded, measured, pdl: bool) -> dict:
         k_ref, v_ref = caches[0][0].clone(), caches[0][1].clone()
         expected = decode_ops.attention_decode(qkv, cos, sin, at, k_ref, v_ref, heads, kv_heads)
         row = {"batch": batch, "position": position, "cache": max_seq, "kv_bytes": 2 * batch * kv_heads * position * hd * 2}
-        for name in ("head", "split"):
-            attend = getattr(ops, ops.ATTENTION_KERNELS[name])
+        for name, policy in SPLIT_POLICIES.items():
+            attend = ops.Kernels(pdl=pdl, policy=policy).attention_decode
             k0, v0 = caches[0][0].clone(), caches[0][1].clone()
-            got = attend(qkv, cos, sin, at, k0, v0, heads, kv_heads, pdl=pdl)
+            got = attend(qkv, cos, sin, at, k0, v0, heads, kv_heads)
             error = ((got.float() - expected.float()).norm() / expected.float().norm()).item()
-            us = time_per_launch_us([lambda k=k, v=v: attend(qkv, cos, sin, at, k, v, heads, kv_heads, pdl=pdl)
-                                     for k, v in caches])
+            us = time_per_launch_us([lambda k=k, v=v: attend(qkv, cos, sin, at, k, v, heads, kv_heads) for k, v in caches])
             row[name] = {"us": us, "relative_error_vs_spec": error}
-        row["splits"] = ops.attention_splits(max_seq)
-        print(f"attention b{batch} position {position} cache {max_seq}: head {row['head']['us']:.2f} us, split "
-              f"({row['splits']} ranges) {row['split']['us']:.2f} us; rel err {row['head']['relative_error_vs_spec']:.1e} / "
-              f"{row['split']['relative_error_vs_spec']:.1e}", flush=True)
+            print(f"attention b{batch} position {position} cache {max_seq} {name}: {us:.2f} us (rel err {error:.1e})",
+                  flush=True)
         kernels.append(row)
         del caches
     steps = []

@@ -54,3 +54,40 @@ def simulate(pairs: int, threshold: float, confidence: float, run_noise: float, 
         }
     return {"pairs": pairs, "entries": entries, "rounds": rounds, "within_round_noise": within, "run_noise": run_noise,
             "threshold": threshold, "confidence": confidence, "rates": results}
+
+
+def saved_run(rounds_ms: dict, *, node: str, device_name: str, when: str, commit: str, model: str = "tiny-random",
+              dtype: str = "fp32", engine: str = "eager") -> dict:
+    """A run as pytest-benchmark saves it with --benchmark-save-data and the inferlab plugin: one
+    entry per case id -> its rounds in ms (raw rounds kept), on a CPU machine named `node`."""
+    entries = []
+    for case, rounds in rounds_ms.items():
+        data = [float(r) / 1e3 for r in rounds]
+        stats = {"min": min(data), "max": max(data), "mean": float(np.mean(data)), "median": float(np.median(data)),
+                 "rounds": len(data), "iterations": 1, "data": data}
+        entries.append({
+            "group": None, "name": f"test_decode[{case}]", "fullname": f"perf_tests/test_x.py::test_decode[{case}]",
+            "params": {"case": case}, "param": case, "options": {"disable_gc": True},
+            "extra_info": {"metric": case.rsplit("-", 1)[1], "fingerprint": {"model": model, "dtype": dtype, "engine": engine}},
+            "stats": stats,
+        })
+    machine = {"device_type": "cpu", "device_name": device_name, "device_count": 1, "driver": None, "cuda": None,
+               "torch": "2.x", "transformers": "5.x", "model": model, "dtype": dtype, "layout": "single"}
+    return {"machine_info": {"node": node, "inferlab": machine}, "commit_info": {"id": commit, "time": when},
+            "benchmarks": entries, "datetime": when, "version": "5.3.1"}
+
+
+def synthetic_history(levels, seed: int, case: str = "eager-b1-p16-n32-tpot_ms", median_ms: float = 1.3,
+                      run_shift: float = 0.003, round_noise: float = 0.01, rounds: int = 20) -> list[dict]:
+    """One saved run per level (the true median is median_ms x level): a N(0, run_shift) shift per
+    run and N(0, round_noise) per round, from a seeded generator; hourly datetimes, commits c000..."""
+    rng = np.random.default_rng(seed)
+    runs = []
+    for i, level in enumerate(levels):
+        shift = np.exp(rng.normal(0.0, run_shift))
+        when = f"2026-11-{1 + i // 24:02d}T{i % 24:02d}:00:00"
+        samples = median_ms * level * shift * np.exp(rng.normal(0.0, round_noise, rounds))
+        runs.append(saved_run({case: list(samples)}, node="runner-1", device_name="Test CPU", when=when,
+                              commit=f"c{i:03d}"))
+    return runs
+
