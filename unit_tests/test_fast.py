@@ -193,6 +193,20 @@ def test_engine_names_choose_compilation(tiny):
     assert make_engine("fast", tiny.model).name == "fast"
 
 
+def test_fast_split_runs_the_split_kernels_where_triton_is_and_is_plain_fast_elsewhere(tiny, monkeypatch):
+    from inferlab.fast import engine as fast_engine
+
+    split = make_engine("fast-split", tiny.model)
+    assert split.name == "fast-split"
+    if fast_engine.triton_available():
+        from inferlab.fast.kernels import SPLIT_POLICY
+
+        assert split.options.launch is SPLIT_POLICY and SPLIT_POLICY.attention == "split"
+        assert SPLIT_POLICY.rows_target_programs > 0
+    monkeypatch.setattr(fast_engine, "triton_available", lambda: False)
+    assert make_engine("fast-split", tiny.model).options.launch is None
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inductor's CPU backend uses torch.jit internally
 def test_compiled_on_cpu_gives_the_eager_loops_tokens(tiny):

@@ -12,6 +12,9 @@ does, once, in ``finish()``.
   decode step, so its first runs are slow: warm up before timing.
 - ``fast``: `inferlab.fast.engine`: fused Llama, static cache, CUDA graphs; on CUDA the decode step runs
   the hand-fused Triton kernels of `inferlab.fast.kernels` and the prefill is compiled.
+- ``fast-split``: ``fast`` with the kernel variants still being measured: attention split over
+  the context (flash-decoding) and split-K for the batched projections
+  (`inferlab.fast.kernels.SPLIT_POLICY`); without Triton, the same as ``fast``.
 - ``fast-inductor``: the same, with the whole decode step compiled by ``torch.compile``
   (max-autotune) instead of the Triton kernels: minutes of compiling.
 - ``fast-nocompile``: graphs of eager torch kernels, nothing compiled: starts in well under a
@@ -126,14 +129,21 @@ def make_engine(name: str, model) -> Engine:
         return HFGenerateEngine(model)
     if name == "hf-static":
         return HFGenerateEngine(model, "static")
-    if name in ("fast", "fast-inductor", "fast-nocompile"):
-        from inferlab.fast.engine import FastEngine, FastOptions
+    if name in ("fast", "fast-split", "fast-inductor", "fast-nocompile"):
+        from inferlab.fast.engine import FastEngine, FastOptions, triton_available
 
-        options = {
-            "fast": FastOptions(),
-            "fast-inductor": FastOptions(triton=False),
-            "fast-nocompile": FastOptions(compile=False, triton=False),
-        }[name]
+        if name == "fast-split":
+            options = FastOptions()
+            if triton_available():
+                from inferlab.fast.kernels import SPLIT_POLICY
+
+                options = FastOptions(launch=SPLIT_POLICY)
+        else:
+            options = {
+                "fast": FastOptions(),
+                "fast-inductor": FastOptions(triton=False),
+                "fast-nocompile": FastOptions(compile=False, triton=False),
+            }[name]
         engine = FastEngine(model, options)
         engine.name = name
         return engine

@@ -102,6 +102,9 @@ class LaunchPolicy:
 
 
 DEFAULT_POLICY = LaunchPolicy()
+# The variants being measured (engine "fast-split"): attention split over the context, and
+# split-K until a batched projection has about two programs per SM of an H100/H200 (132 SMs).
+SPLIT_POLICY = LaunchPolicy(attention="split", rows_target_programs=264)
 
 
 def gemv_config(n: int, k: int, gated: bool) -> LaunchConfig:
