@@ -136,15 +136,21 @@ class _Recording:
         return self.kernel[grid]
 
 
+def attention_inputs(M, heads, kv_heads, hd, T, dtype):
+    """qkv [M, (heads + 2 kv_heads) hd], RoPE tables cos, sin [T, hd] (half-split layout) and
+    caches [M, kv_heads, T, hd], drawn from fixed seeds (the caches' seeds 7 and 8)."""
+    qkv = draw(M, (heads + 2 * kv_heads) * hd, dtype=dtype, seed=5)
+    angles = draw(T, hd // 2, seed=6)
+    angles = torch.cat([angles, angles], dim=-1)
+    k_cache, v_cache = draw(M, kv_heads, T, hd, dtype=dtype, seed=7), draw(M, kv_heads, T, hd, dtype=dtype, seed=8)
+    return qkv, angles.cos().to(dtype), angles.sin().to(dtype), k_cache, v_cache
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("position", [0, 5, 11])
 def test_attention_kernel_matches_the_specification_and_writes_the_cache(kernels, dtype, position):
     M, heads, kv_heads, hd, T = 2, 4, 2, 16, 12
-    qkv = draw(M, (heads + 2 * kv_heads) * hd, dtype=dtype, seed=5)
-    angles = draw(T, hd // 2, seed=6)
-    angles = torch.cat([angles, angles], dim=-1)
-    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-    k_cache, v_cache = draw(M, kv_heads, T, hd, dtype=dtype, seed=7), draw(M, kv_heads, T, hd, dtype=dtype, seed=8)
+    qkv, cos, sin, k_cache, v_cache = attention_inputs(M, heads, kv_heads, hd, T, dtype)
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
     at = torch.tensor([position], device=DEVICE)
     expected = decode_ops.attention_decode(qkv, cos, sin, at, expected_k, expected_v, heads, kv_heads)
@@ -166,11 +172,7 @@ def test_split_attention_matches_the_specification_at_every_position_and_resets_
     several tiles with a masked end (37), and launch after launch on one scratch: the arrival
     counts must be back at 0 after each launch for the next one's combine to run."""
     M, hd, T = 2, 16, 48
-    qkv = draw(M, (heads + 2 * kv_heads) * hd, dtype=dtype, seed=5)
-    angles = draw(T, hd // 2, seed=6)
-    angles = torch.cat([angles, angles], dim=-1)
-    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
-    k_cache, v_cache = draw(M, kv_heads, T, hd, dtype=dtype, seed=7), draw(M, kv_heads, T, hd, dtype=dtype, seed=8)
+    qkv, cos, sin, k_cache, v_cache = attention_inputs(M, heads, kv_heads, hd, T, dtype)
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
     for position in (0, 5, 37, 47):
         at = torch.tensor([position], device=DEVICE)
