@@ -171,3 +171,32 @@ def test_a_cache_that_cannot_be_written_is_exit_4_and_leaves_no_staging(tmp_path
     with pytest.raises(WriteError, match="cannot write the model cache .*No space left on device"):
         cached_folder(tmp_path / "tiny", full_disk)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_random_model_is_drawn_once_then_loaded_from_the_cache_with_the_same_weights(tmp_path, monkeypatch):
+    from inferlab.model import registry
+
+    monkeypatch.setenv("INFERLAB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(registry.RANDOM_CONFIGS, "tinyllama-1.1b-random", TINY_RANDOM_CONFIG)  # small, same path
+    drawn = []
+    draw = registry.random_llama
+    monkeypatch.setattr(registry, "random_llama", lambda *a, **k: drawn.append(1) or draw(*a, **k))
+    cpu = torch.device("cpu")
+    first = load_model("tinyllama-1.1b-random", cpu, torch.float32, seed=3).model
+    second = load_model("tinyllama-1.1b-random", cpu, torch.float32, seed=3).model
+    assert drawn == [1]  # drawn once, into the cache; the second load only reads it
+    direct = draw(TINY_RANDOM_CONFIG, cpu, torch.float32, 3)
+    for model in (first, second):
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), direct.state_dict().values()))
+
+
+def test_a_random_model_is_drawn_in_memory_where_the_cache_cannot_be_written(tmp_path, monkeypatch):
+    from inferlab.model import registry
+
+    blocked = tmp_path / "cache"
+    blocked.write_text("a file where the cache folder should be")
+    monkeypatch.setenv("INFERLAB_CACHE", str(blocked))
+    monkeypatch.setitem(registry.RANDOM_CONFIGS, "tinyllama-1.1b-random", TINY_RANDOM_CONFIG)
+    model = load_model("tinyllama-1.1b-random", torch.device("cpu"), torch.float32, seed=3).model
+    direct = random_llama(TINY_RANDOM_CONFIG, torch.device("cpu"), torch.float32, 3)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), direct.state_dict().values()))
