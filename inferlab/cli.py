@@ -367,6 +367,7 @@ def cmd_sweep(args) -> int:
     from inferlab.model import layouts
     from inferlab.look import tables
     from inferlab.suite import sweep
+    from inferlab.look import sweep_files
     from inferlab.storage import new_run_folder
 
     config = sweep.SweepConfig(
@@ -384,7 +385,7 @@ def cmd_sweep(args) -> int:
     folder = new_run_folder(args.out, "sweep")
     try:
         report = sweep.run_sweep(loaded, config, folder, _bandwidth(loaded, args.no_probe), sweep.TqdmProgress(),
-                                 profile=args.profile)
+                                 profile=args.profile, write=sweep_files.write_outputs)
     except KeyboardInterrupt as stop:
         how = "stopped by SIGTERM" if isinstance(stop, errors.Terminated) else "interrupted"
         print(f"inferlab: {how}: finished configurations are saved in {folder}", file=sys.stderr)

@@ -13,6 +13,7 @@ from inferlab.decode.engines import EagerEngine, make_engine
 from inferlab.errors import UsageError
 from inferlab.suite.hypotheses import NOT_ENOUGH_DATA
 from inferlab.storage import new_run_folder
+from inferlab.look.sweep_files import write_outputs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SMALL = dict(model="tiny-random", output_lengths=(2, 4, 8), prompt_lengths=(4,), warmup_runs=0, runs=2)
@@ -67,7 +68,8 @@ def fail_at(monkeypatch, output_length, error):
 
 def run_small(tiny, tmp_path, **overrides):
     folder = new_run_folder(tmp_path, "sweep")
-    return sweep.run_sweep(tiny, sweep.SweepConfig(**{**SMALL, **overrides}), folder, (None, "unknown"), sweep.NullProgress())
+    return sweep.run_sweep(tiny, sweep.SweepConfig(**{**SMALL, **overrides}), folder, (None, "unknown"),
+                           sweep.NullProgress(), write=write_outputs)
 
 
 def test_sweep_writes_each_result_then_json_csv_markdown_and_plots(tiny, tmp_path):
@@ -158,7 +160,8 @@ def test_interrupt_keeps_finished_configurations_and_raises_again(tiny, tmp_path
     fail_at(monkeypatch, 4, KeyboardInterrupt())
     folder = new_run_folder(tmp_path, "sweep")
     with pytest.raises(KeyboardInterrupt):
-        sweep.run_sweep(tiny, sweep.SweepConfig(**SMALL, order="sequential"), folder, (None, "unknown"), sweep.NullProgress())
+        sweep.run_sweep(tiny, sweep.SweepConfig(**SMALL, order="sequential"), folder, (None, "unknown"),
+                        sweep.NullProgress(), write=write_outputs)
     assert [p.name for p in (folder / "results").iterdir()] == ["eager-b1-p4-n2.json"]
     data = json.loads((folder / "sweep.json").read_text())
     assert data["complete"] is False
@@ -210,7 +213,8 @@ def test_interrupt_in_a_round_keeps_every_run_measured_and_raises_again(tiny, tm
     record_runs(monkeypatch, tiny, fail_on=5, error=KeyboardInterrupt())  # the second run of round 1
     folder = new_run_folder(tmp_path, "sweep")
     with pytest.raises(KeyboardInterrupt):
-        sweep.run_sweep(tiny, sweep.SweepConfig(**{**SMALL, "runs": 3}), folder, (None, "unknown"), sweep.NullProgress())
+        sweep.run_sweep(tiny, sweep.SweepConfig(**{**SMALL, "runs": 3}), folder, (None, "unknown"),
+                        sweep.NullProgress(), write=write_outputs)
     slots = sweep.measurement_order(3, 3, "interleaved", 0)[:4]
     measured = {n: sum((2, 4, 8)[s.config] == n for s in slots) for n in (2, 4, 8)}
     data = json.loads((folder / "sweep.json").read_text())

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 
 from inferlab import storage
 from inferlab.measure.bench import BenchResult
+from inferlab.suite.sweep import series_key
 
 # (file name, y label, RunTimes property giving one value per run)
 PLOTS = (
@@ -25,11 +26,6 @@ PLOTS = (
     ("e2e.png", "total latency (ms)", "e2e_ms"),
     ("output_tokens_per_s.png", "output tokens/s per sequence", "output_tokens_per_s"),
 )
-
-
-def series_key(result: BenchResult) -> tuple[str, int, int]:
-    """(engine, prompt length, batch size): what one line holds fixed."""
-    return result.config.engine, result.prompt_length, result.config.batch_size
 
 
 def series(results: Sequence[BenchResult], metric: str) -> dict[tuple[str, int, int], list[tuple[int, float, float, float]]]:

@@ -5,9 +5,9 @@ A run folder (made new by `storage.new_run_folder`, so nothing earlier is overwr
 - ``results/<engine>-b<B>-p<P>-n<N>.json``: each configuration's `BenchResult`, written when
   it finishes, so an interrupt keeps it;
 - ``sweep.json`` (schema ``inferlab.sweep/1``: config, fingerprint, every result, verdicts),
-  ``sweep.csv`` (one row per configuration), ``sweep.md`` (table and verdicts) and the four
-  PNG plots of `inferlab.look.plots`, written at the end, or for the finished configurations when
-  the sweep is interrupted.
+  written at the end, or for the finished configurations when the sweep is interrupted; the
+  caller's `write` adds the rendered files (the CLI passes `inferlab.look.sweep_files.write_outputs`:
+  ``sweep.csv``, ``sweep.md``, the four PNG plots and ``sweep.html``).
 
 Order (``SweepConfig.order``). ``interleaved`` (the default): every configuration is first
 prepared and warmed up, then the measured runs go in rounds; each round visits every
@@ -33,15 +33,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 
 from inferlab.measure import energy
 from inferlab.measure import fingerprint as fingerprints
 from inferlab.suite import hypotheses
-from inferlab.look import html_report, plots
-from inferlab.look.tables import csv_text, markdown_text, title
 from inferlab.measure.bench import (SPLIT_ENGINES, BenchConfig, BenchResult, Costs, PreparedCase, measure_costs, check_fits, failed_result,
                                     prepare_case)
 from inferlab.measure.metrics import RunTimes
@@ -50,7 +48,7 @@ from inferlab.decode.engines import ENGINE_NAMES, make_engine
 from inferlab.errors import UsageError, first_line
 from inferlab.model.registry import LoadedModel
 from inferlab.decode.sampling import SamplingConfig
-from inferlab.storage import save_json_or_fallback, write_json_atomic, write_text_atomic
+from inferlab.storage import save_json_or_fallback, write_json_atomic
 
 SCHEMA = "inferlab.sweep/1"
 ORDERS = ("interleaved", "sequential")
@@ -391,13 +389,18 @@ def bytes_per_step(results: Sequence[BenchResult]) -> list[float] | None:
     return [r.roofline.bytes_per_step for r in results]
 
 
+def series_key(result: BenchResult) -> tuple[str, int, int]:
+    """(engine, prompt length, batch size): what one group of output lengths holds fixed."""
+    return result.config.engine, result.prompt_length, result.config.batch_size
+
+
 def group_verdicts(results: Sequence[BenchResult]) -> tuple[GroupVerdicts, ...]:
     """The hypotheses per (engine, prompt length, batch size), on the results that ran."""
     groups: dict[tuple[str, int, int], list[BenchResult]] = {}
     for result in results:
-        groups.setdefault(plots.series_key(result), [])
+        groups.setdefault(series_key(result), [])
         if result.status == "ok":
-            groups[plots.series_key(result)].append(result)
+            groups[series_key(result)].append(result)
     return tuple(
         GroupVerdicts(engine, prompt, batch, hypotheses.check_all(
             [r.config.output_length for r in members], [r.runs for r in members], bytes_per_step(members)))
@@ -418,8 +421,10 @@ def run_sweep(
     bandwidth: tuple[float | None, str] = (None, "unknown"),
     progress: Progress | None = None,
     profile: bool = False,
+    write: Callable[[SweepReport], SweepReport] | None = None,
 ) -> SweepReport:
-    """Measure every configuration, saving each as it finishes, then the summary files.
+    """Measure every configuration, saving each as it finishes, then the summary files: sweep.json,
+    and whatever `write` (report -> report with its files) adds; None: sweep.json alone.
 
     With `profile`, each configuration also writes ``profiles/<stem>.trace.json`` (after its timed runs).
 
@@ -455,23 +460,15 @@ def run_sweep(
     results, schedules = state.results()
     report = SweepReport(config, sweep_fingerprint(loaded), results, group_verdicts(results), folder,
                          complete=interrupt is None, schedules=schedules)
-    report = write_outputs(report)
+    report = (write or write_json)(report)
     if interrupt is not None:
         raise interrupt
     return report
 
 
-def write_outputs(report: SweepReport) -> SweepReport:
-    """sweep.json, sweep.csv, sweep.md and the plots, each new and written atomically."""
-    folder = report.folder
-    files = [
-        write_json_atomic(folder / "sweep.json", sweep_dict(report)),
-        write_text_atomic(folder / "sweep.csv", csv_text(report.results)),
-        write_text_atomic(folder / "sweep.md", markdown_text(report)),
-    ]
-    files += plots.write_plots(report.results, folder, title(report.fingerprint))
-    files.append(write_text_atomic(folder / "sweep.html", html_report.sweep_html(report, files)))
-    return replace(report, files=tuple(files))
+def write_json(report: SweepReport) -> SweepReport:
+    """sweep.json, new and written atomically."""
+    return replace(report, files=(write_json_atomic(report.folder / "sweep.json", sweep_dict(report)),))
 
 
 def sweep_dict(report: SweepReport) -> dict:
