@@ -237,7 +237,9 @@ def test_greedy_step_takes_the_first_maximum_and_advances_the_step(kernels, ops)
     assert tokens[:, 0].tolist() == expected
     assert out[:, 3].tolist() == expected and int((out == -1).sum()) == M * (N - 1)
     assert torch.equal(hidden, embed[expected])
-    assert position.tolist() == [first + 3]
+    assert position.tolist() == [first + 3]  # advanced once, by the last row to finish
+    if ops == "kernel":
+        assert all(int(count) == 0 for count in kernels._GREEDY_ARRIVALS.values())  # ready for the next step
 
 
 @torch.inference_mode()

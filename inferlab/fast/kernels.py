@@ -682,32 +682,41 @@ def attention_decode_split(
 
 @triton.jit
 def _greedy_step_kernel(
-    logits_ptr, embed_ptr, hidden_ptr, tokens_ptr, out_ptr, pos_ptr,
+    logits_ptr, embed_ptr, hidden_ptr, tokens_ptr, out_ptr, pos_ptr, arrivals_ptr,
     M, out_stride, first_position,
-    V: tl.constexpr, H: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr,
+    V: tl.constexpr, H: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_H: tl.constexpr, ONE_ROW: tl.constexpr,
 ):
-    """One program for all rows: argmax, the next token's embedding, and the step's bookkeeping."""
+    """One program per row: argmax, the next token's embedding and the token stored; the last row
+    to finish advances the position (and resets the arrival count for the next step), so no row
+    reads the position after it has moved. A single row advances it without counting."""
+    m = tl.program_id(0)
     pos = tl.load(pos_ptr)
-    m = 0
-    while m < M:  # one program, so that no row can read the position after it has advanced
-        best = tl.full([BLOCK_V], float("-inf"), dtype=tl.float32)
-        best_at = tl.zeros([BLOCK_V], dtype=tl.int32)
-        for v0 in range(0, V, BLOCK_V):
-            offs = v0 + tl.arange(0, BLOCK_V)
-            values = tl.load(logits_ptr + m * V + offs, mask=offs < V, other=float("-inf"))
-            better = values > best  # strict: the first of equal maxima wins, as in torch.argmax
-            best_at = tl.where(better, offs, best_at)
-            best = tl.where(better, values, best)
-        top = tl.max(best, axis=0)
-        token = tl.min(tl.where(best == top, best_at, V), axis=0)
-        tl.store(tokens_ptr + m, token.to(tl.int64))
-        tl.store(out_ptr + m * out_stride + (pos - first_position + 1), token.to(tl.int64))
-        for h0 in range(0, H, BLOCK_H):
-            offs_h = h0 + tl.arange(0, BLOCK_H)
-            row = tl.load(embed_ptr + token.to(tl.int64) * H + offs_h, mask=offs_h < H)
-            tl.store(hidden_ptr + m * H + offs_h, row, mask=offs_h < H)
-        m += 1
-    tl.store(pos_ptr, pos + 1)
+    best = tl.full([BLOCK_V], float("-inf"), dtype=tl.float32)
+    best_at = tl.zeros([BLOCK_V], dtype=tl.int32)
+    for v0 in range(0, V, BLOCK_V):
+        offs = v0 + tl.arange(0, BLOCK_V)
+        values = tl.load(logits_ptr + m * V + offs, mask=offs < V, other=float("-inf"))
+        better = values > best  # strict: the first of equal maxima wins, as in torch.argmax
+        best_at = tl.where(better, offs, best_at)
+        best = tl.where(better, values, best)
+    top = tl.max(best, axis=0)
+    token = tl.min(tl.where(best == top, best_at, V), axis=0)
+    tl.store(tokens_ptr + m, token.to(tl.int64))
+    tl.store(out_ptr + m * out_stride + (pos - first_position + 1), token.to(tl.int64))
+    for h0 in range(0, H, BLOCK_H):
+        offs_h = h0 + tl.arange(0, BLOCK_H)
+        row = tl.load(embed_ptr + token.to(tl.int64) * H + offs_h, mask=offs_h < H)
+        tl.store(hidden_ptr + m * H + offs_h, row, mask=offs_h < H)
+    if ONE_ROW:
+        tl.store(pos_ptr, pos + 1)
+    else:
+        tl.debug_barrier()  # the position is read before this row counts itself
+        if tl.atomic_add(arrivals_ptr, 1, sem="acq_rel") == M - 1:
+            tl.store(pos_ptr, pos + 1)
+            tl.atomic_xchg(arrivals_ptr, 0)
+
+
+_GREEDY_ARRIVALS: dict = {}
 
 
 def greedy_step(
@@ -719,7 +728,7 @@ def greedy_step(
     position: torch.Tensor,
     first_position: int,
 ) -> None:
-    """Same contract as `inferlab.fast.spec.greedy_step`, in one kernel.
+    """Same contract as `inferlab.fast.spec.greedy_step`, in one kernel of one program per row.
 
     Launched without programmatic dependent launch: it starts after everything before it has
     finished, and the next step's kernels start after it has, the full dependency that
@@ -728,9 +737,11 @@ def greedy_step(
     M, V = logits.shape
     H = embed.shape[1]
     assert logits.is_contiguous() and embed.is_contiguous() and hidden.is_contiguous() and out.stride(1) == 1
-    _greedy_step_kernel[(1,)](
-        logits, embed, hidden, tokens, out, position, M, out.stride(0), first_position,
-        V=V, H=H, BLOCK_V=GREEDY_BLOCK_V, BLOCK_H=1024, num_warps=GREEDY_WARPS,
+    if logits.device not in _GREEDY_ARRIVALS:  # zero between launches: each launch's last row resets it
+        _GREEDY_ARRIVALS[logits.device] = torch.zeros(1, device=logits.device, dtype=torch.int32)
+    _greedy_step_kernel[(M,)](
+        logits, embed, hidden, tokens, out, position, _GREEDY_ARRIVALS[logits.device], M, out.stride(0),
+        first_position, V=V, H=H, BLOCK_V=GREEDY_BLOCK_V, BLOCK_H=1024, ONE_ROW=M == 1, num_warps=GREEDY_WARPS,
     )
 
 
