@@ -138,6 +138,24 @@ def test_the_prefill_compiles_once_across_cache_buckets_and_once_more_for_larger
     assert graphs == [first, first, first, first + 1, first + 1]
 
 
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inductor's CPU backend uses torch.jit internally
+def test_with_the_kernels_a_sampled_step_ends_in_a_compiled_function_that_draws_the_same_tokens(tiny, monkeypatch):
+    pytest.importorskip("triton", reason="the decode step's kernels need Triton (its interpreter on the CPU)")
+    compiled = []
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: compiled.append(getattr(fn, "__name__", type(fn).__name__))
+                        or real_compile(fn, **options))
+    prompt = prompt_of(tiny.model, 5, batch=2)
+    config = DecodeConfig(5, SamplingConfig(greedy=False, temperature=0.7, top_k=50, top_p=0.9), ignore_eos=True)
+
+    def draw(compile_):
+        engine = FastEngine(tiny.model, FastOptions(compile=compile_, graphs=False, triton=True))
+        return engine.run(prompt, config, torch.Generator().manual_seed(7), HostClock())
+    assert torch.equal(draw(True), draw(False))
+    assert compiled == ["LayerStep", "sample_step"]
+
+
 def test_seeded_sampling_repeats_with_the_seed_and_changes_without_it(tiny):
     prompt = prompt_of(tiny.model, 5)
     config = DecodeConfig(16, SamplingConfig(greedy=False, temperature=1.5, top_k=100, top_p=0.95), ignore_eos=True)

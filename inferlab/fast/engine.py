@@ -319,6 +319,20 @@ def pick(logits: torch.Tensor, sampling: SamplingConfig, uniform: torch.Tensor |
     return torch.argmax(probs / exponential, dim=-1)
 
 
+def sample_step(logits: torch.Tensor, sampling: SamplingConfig, uniform: torch.Tensor, embed: torch.Tensor,
+                tokens: torch.Tensor, out: torch.Tensor, hidden: torch.Tensor | None, position: torch.Tensor,
+                first_position: torch.Tensor) -> None:
+    """The end of a sampled decode step, in place: the token `pick`s from logits [B, V] goes to
+    tokens [B, 1] and to column `position - first_position + 1` of out; its embedding to hidden
+    [B, H] (when the next step starts from it); `position` advances by one."""
+    token = pick(logits, sampling, uniform)
+    tokens.copy_(token[:, None])
+    out.index_copy_(1, position - first_position + 1, token[:, None])
+    if hidden is not None:
+        hidden.copy_(F.embedding(token, embed))
+    position.add_(1)
+
+
 # What `FastEngine.prepare` builds for one shape; kept per shape, so going back to a shape
 # prepared before (a sweep interleaves its configurations) restores it instead of rebuilding it.
 SHAPE_STATE = ("cache", "sampling", "prompt_ids", "prompt_positions", "tokens", "hidden", "position", "first_position", "out",
@@ -345,7 +359,7 @@ class FastEngine:
         if self.options.triton and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise UsageError("the Triton decode kernels need a CUDA device: run the fast engine on CPU with triton off")
         self.net: FastLlama | None = None
-        self._compiled = None  # (layer step, decode): made once per engine, shared by every shape
+        self._compiled = None  # (layer step, decode, sample step): made once per engine, shared by every shape
         self._key = None
         self._shapes: dict = {}  # key -> engine state of every shape prepared
 
@@ -397,7 +411,7 @@ class FastEngine:
 
         if self._compiled is None:
             self._compiled = self._compile()
-        self._layer_step, self._decode = self._compiled
+        self._layer_step, self._decode, self._sample_step = self._compiled
         self._prefill = self._prefill_body
         self._prefill_graph = self._decode_graph = None
         if self.options.graphs:
@@ -416,16 +430,22 @@ class FastEngine:
         return tuple(self._shapes)
 
     def _compile(self) -> tuple:
-        """The prefill's layer step and the decode function, compiled as the options say; each
-        shape's tensors are inputs."""
-        step, decode = self.net.step, self._decode_body
+        """The prefill's layer step, the decode function and the end of a sampled step, compiled as
+        the options say; each shape's tensors are inputs.
+
+        With the Triton kernels, a sampled step ends in `sample_step` (temperature, top-k, top-p,
+        the exponential race and the bookkeeping): compiled, its elementwise work runs as a few
+        fused kernels instead of one kernel per torch operation."""
+        step, decode, sample = self.net.step, self._decode_body, sample_step
         if self.options.compile:
             step = torch.compile(step, fullgraph=True, dynamic=self.options.dynamic_prefill)
             if self.options.dynamic_prefill:
                 step = symbolic_shapes(step, [t for layer in self.net.layers for t in layer.weights()])
-            if not self.options.triton:
+            if self.options.triton:
+                sample = torch.compile(sample, fullgraph=True, dynamic=False)
+            else:
                 decode = torch.compile(decode, options=compile_options(self.options), fullgraph=True, dynamic=False)
-        return step, decode
+        return step, decode, sample
 
     def _prefill_body(self) -> None:
         logits = self.net(self.prompt_ids, self.prompt_positions, self.cache, fresh=True, step=self._layer_step)[:, -1]
@@ -445,12 +465,8 @@ class FastEngine:
                 self.kernels.greedy_step(logits, self.net.embed, self.hidden, self.tokens, self.out, self.position,
                                          self.prompt_length)
                 return
-        nxt = pick(logits, self.sampling, self.uniform)
-        self.tokens.copy_(nxt[:, None])
-        self.out.index_copy_(1, self.position - self.first_position + 1, nxt[:, None])
-        if self.kernels is not None:
-            self.hidden.copy_(F.embedding(nxt, self.net.embed))
-        self.position.add_(1)
+        self._sample_step(logits, self.sampling, self.uniform, self.net.embed, self.tokens, self.out,
+                          None if self.kernels is None else self.hidden, self.position, self.first_position)
 
     def _capture(self) -> None:
         # Warm up on a side stream (compilation and autotuning happen here), then capture.
