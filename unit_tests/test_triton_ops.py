@@ -93,8 +93,8 @@ def test_the_tensor_core_kernel_split_over_k_computes_the_specified_function_lau
         ours = kernels.gemv(x, weight, config=config, policy=policy, **kwargs)
         assert_same_function(ours, decode_ops.gemv(x, weight, **kwargs))
         x = x.roll(1, dims=0)
-    for _, arrivals in kernels._SPLIT_K_SCRATCH.values():
-        assert int(arrivals.abs().sum()) == 0
+    counts = [buffers[1] for key, buffers in kernels.KEPT.items() if key[0] == "split-k"]
+    assert counts and all(int(c.abs().sum()) == 0 for c in counts)
 
 
 @pytest.mark.parametrize("n_tiles, k_tiles, target, split", [
@@ -183,8 +183,8 @@ def test_split_attention_matches_the_specification_at_every_position_and_resets_
         assert_same_function(k_cache, expected_k)
         assert torch.equal(v_cache, expected_v)
         qkv = qkv.roll(1, dims=1)  # another token
-    for scratch in kernels._SCRATCH.values():
-        assert int(scratch[3].abs().sum()) == 0
+    counts = [buffers[3] for key, buffers in kernels.KEPT.items() if key[0] == "attention"]
+    assert counts and all(int(c.abs().sum()) == 0 for c in counts)
 
 
 @pytest.mark.parametrize("cache_length, splits", [(16, 1), (32, 1), (33, 2), (65, 4), (256, 8), (1024, 32), (2048, 64),
@@ -239,7 +239,8 @@ def test_greedy_step_takes_the_first_maximum_and_advances_the_step(kernels, ops)
     assert torch.equal(hidden, embed[expected])
     assert position.tolist() == [first + 3]  # advanced once, by the last row to finish
     if ops == "kernel":
-        assert all(int(count) == 0 for count in kernels._GREEDY_ARRIVALS.values())  # ready for the next step
+        counts = [buffers[0] for key, buffers in kernels.KEPT.items() if key[0] == "greedy"]
+        assert counts and all(int(c) == 0 for c in counts)  # ready for the next step
 
 
 @torch.inference_mode()

@@ -134,6 +134,19 @@ def _launch_options(pdl: bool) -> dict:
     return {"launch_pdl": True} if pdl else {}
 
 
+# Buffers the kernels keep between launches, per purpose, device and shape: scratch for partial
+# results, and arrival counts that are zero between launches (each launch's last program to
+# arrive resets them), so they are allocated, zeroed, once.
+KEPT: dict = {}
+
+
+def kept(key: tuple, make) -> tuple:
+    """The buffers kept under `key`, made by `make()` the first time."""
+    if key not in KEPT:
+        KEPT[key] = make()
+    return KEPT[key]
+
+
 @triton.jit
 def _rms_scale(x_row, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
     """1 / sqrt(mean(x^2) + eps) over one row of K elements."""
@@ -332,17 +345,11 @@ def _gemv_rows_kernel(
         tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-_SPLIT_K_SCRATCH: dict = {}
-
-
 def _split_k_scratch(device: torch.device, tiles: int, split_k: int, block_m: int, block_n: int) -> tuple:
-    """Partial sums ([gate and up] for each tile and range) and arrival counts, zero between
-    launches (each launch's last programs reset them): allocated once per shape and kept."""
-    key = (device, tiles, split_k, block_m, block_n)
-    if key not in _SPLIT_K_SCRATCH:
-        _SPLIT_K_SCRATCH[key] = (torch.empty(tiles * split_k * 2 * block_m * block_n, device=device, dtype=torch.float32),
-                                 torch.zeros(tiles, device=device, dtype=torch.int32))
-    return _SPLIT_K_SCRATCH[key]
+    """Partial sums ([gate and up] for each tile and range) and arrival counts for the split-K kernel."""
+    return kept(("split-k", device, tiles, split_k, block_m, block_n), lambda: (
+        torch.empty(tiles * split_k * 2 * block_m * block_n, device=device, dtype=torch.float32),
+        torch.zeros(tiles, device=device, dtype=torch.int32)))
 
 
 def rows_split_k(n_tiles: int, k_tiles: int, target_programs: int) -> int:
@@ -623,19 +630,14 @@ def _attention_split_kernel(
         tl.atomic_xchg(arrivals_ptr + group, 0)
 
 
-_SCRATCH: dict = {}
-
-
 def _split_scratch(device: torch.device, groups: int, splits: int, g_pad: int, hd: int) -> tuple:
-    """Partial results and arrival counts for `groups` (row, KV head) pairs; the counts are zero
-    between launches (each launch's last program resets them), so they are allocated once and kept."""
-    key = (device, groups, splits, g_pad, hd)
-    if key not in _SCRATCH:
-        _SCRATCH[key] = (torch.empty(groups * splits * g_pad * hd, device=device, dtype=torch.float32),
-                         torch.empty(groups * splits * g_pad, device=device, dtype=torch.float32),
-                         torch.empty(groups * splits * g_pad, device=device, dtype=torch.float32),
-                         torch.zeros(groups, device=device, dtype=torch.int32))
-    return _SCRATCH[key]
+    """Partial results (weighted sums, maxima, normalizers) and arrival counts for `groups` (row,
+    KV head) pairs of the split attention."""
+    return kept(("attention", device, groups, splits, g_pad, hd), lambda: (
+        torch.empty(groups * splits * g_pad * hd, device=device, dtype=torch.float32),
+        torch.empty(groups * splits * g_pad, device=device, dtype=torch.float32),
+        torch.empty(groups * splits * g_pad, device=device, dtype=torch.float32),
+        torch.zeros(groups, device=device, dtype=torch.int32)))
 
 
 def attention_splits(cache_length: int, split_positions: int = SPLIT_POSITIONS, max_splits: int = MAX_SPLITS) -> int:
@@ -716,9 +718,6 @@ def _greedy_step_kernel(
             tl.atomic_xchg(arrivals_ptr, 0)
 
 
-_GREEDY_ARRIVALS: dict = {}
-
-
 def greedy_step(
     logits: torch.Tensor,
     embed: torch.Tensor,
@@ -737,10 +736,9 @@ def greedy_step(
     M, V = logits.shape
     H = embed.shape[1]
     assert logits.is_contiguous() and embed.is_contiguous() and hidden.is_contiguous() and out.stride(1) == 1
-    if logits.device not in _GREEDY_ARRIVALS:  # zero between launches: each launch's last row resets it
-        _GREEDY_ARRIVALS[logits.device] = torch.zeros(1, device=logits.device, dtype=torch.int32)
+    arrivals, = kept(("greedy", logits.device), lambda: (torch.zeros(1, device=logits.device, dtype=torch.int32),))
     _greedy_step_kernel[(M,)](
-        logits, embed, hidden, tokens, out, position, _GREEDY_ARRIVALS[logits.device], M, out.stride(0),
+        logits, embed, hidden, tokens, out, position, arrivals, M, out.stride(0),
         first_position, V=V, H=H, BLOCK_V=GREEDY_BLOCK_V, BLOCK_H=1024, ONE_ROW=M == 1, num_warps=GREEDY_WARPS,
     )
 
