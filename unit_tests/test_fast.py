@@ -114,12 +114,13 @@ def test_a_second_shape_reuses_the_compiled_prefill_and_decode_step(tiny):
 
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inductor's CPU backend uses torch.jit internally
-def test_the_prefill_compiles_once_across_cache_buckets_and_once_more_for_larger_batches(tiny):
-    """The decode step runs the Triton kernels (under the interpreter here), so every graph
-    counted is the prefill's layer step."""
+@pytest.mark.parametrize("prefill_compile", ["layer", "model"])
+def test_the_prefill_compiles_once_across_cache_buckets_and_once_more_for_larger_batches(tiny, prefill_compile):
+    """The decode step runs the Triton kernels (under the interpreter here) and greedy decoding
+    ends in the greedy kernel, so every graph counted is the prefill's (one layer, or all)."""
     from torch._dynamo.utils import counters
 
-    engine = FastEngine(tiny.model, FastOptions(compile=True, graphs=False, triton=True))
+    engine = FastEngine(tiny.model, FastOptions(compile=True, graphs=False, triton=True, prefill_compile=prefill_compile))
     head_dim = tiny.model.config.hidden_size // tiny.model.config.num_attention_heads
     shapes = [(1, head_dim, 4),  # a prompt as long as the head dimension: no guard may tie the two
               (1, 250, 8),        # a new cache bucket (512 positions)
@@ -185,9 +186,11 @@ def test_greedy_pick_is_argmax():
     assert pick(logits, SamplingConfig(), None).tolist() == [1, 0]
 
 
-def test_an_unknown_prefill_attention_is_refused_with_the_choices():
+def test_an_unknown_prefill_attention_or_compile_is_refused_with_the_choices():
     with pytest.raises(UsageError, match="'flash' or 'matmul'"):
         FastOptions(prefill_attention="sdpa")
+    with pytest.raises(UsageError, match="'layer' or 'model'"):
+        FastOptions(prefill_compile="graph")
 
 
 def test_padded_prompts_and_cpu_graphs_are_refused_with_a_reason(tiny):

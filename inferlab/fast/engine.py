@@ -36,6 +36,7 @@ folded into the query-length axis, so attention runs on [B, kvh, g*S, hd] agains
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, replace
 
@@ -68,6 +69,9 @@ class FastOptions:
     `prefill_attention`: "flash" runs the prefill's causal attention over the prompt's own keys as
     one fused kernel (`scaled_dot_product_attention`, is_causal, GQA); "matmul" as two matrix
     products and a masked softmax, which materializes prompt x prompt scores per head.
+    `prefill_compile`: "layer" compiles one decoder layer and calls it per layer (a compile of one
+    layer's size); "model" compiles the whole prefill as one graph (every layer unrolled, so
+    inductor may fuse across layer boundaries, for a longer compile). Both with dynamic shapes.
     """
 
     compile: bool | None = None
@@ -78,12 +82,15 @@ class FastOptions:
     coordinate_descent: bool = True
     sdpa: bool = False
     prefill_attention: str = "flash"
+    prefill_compile: str = "layer"
     launch: object | None = None  # a `kernels.LaunchPolicy` for the Triton kernels; None: the measured default
     dynamic_prefill: bool = True  # one prefill compile for every prompt and cache length
 
     def __post_init__(self) -> None:
         if self.prefill_attention not in ("flash", "matmul"):
             raise UsageError(f"prefill_attention must be 'flash' or 'matmul', not {self.prefill_attention!r}")
+        if self.prefill_compile not in ("layer", "model"):
+            raise UsageError(f"prefill_compile must be 'layer' or 'model', not {self.prefill_compile!r}")
 
     def resolved(self, device: torch.device) -> "FastOptions":
         cuda = device.type == "cuda"
@@ -359,7 +366,7 @@ class FastEngine:
         if self.options.triton and self.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise UsageError("the Triton decode kernels need a CUDA device: run the fast engine on CPU with triton off")
         self.net: FastLlama | None = None
-        self._compiled = None  # (layer step, decode, sample step): made once per engine, shared by every shape
+        self._compiled = None  # (prefill, decode, sample step): made once per engine, shared by every shape
         self._key = None
         self._shapes: dict = {}  # key -> engine state of every shape prepared
 
@@ -411,7 +418,7 @@ class FastEngine:
 
         if self._compiled is None:
             self._compiled = self._compile()
-        self._layer_step, self._decode, self._sample_step = self._compiled
+        self._prefill_net, self._decode, self._sample_step = self._compiled
         self._prefill = self._prefill_body
         self._prefill_graph = self._decode_graph = None
         if self.options.graphs:
@@ -430,25 +437,31 @@ class FastEngine:
         return tuple(self._shapes)
 
     def _compile(self) -> tuple:
-        """The prefill's layer step, the decode function and the end of a sampled step, compiled as
-        the options say; each shape's tensors are inputs.
+        """The prefill's forward pass, the decode function and the end of a sampled step, compiled
+        as the options say; each shape's tensors are inputs.
 
         With the Triton kernels, a sampled step ends in `sample_step` (temperature, top-k, top-p,
         the exponential race and the bookkeeping): compiled, its elementwise work runs as a few
         fused kernels instead of one kernel per torch operation."""
-        step, decode, sample = self.net.step, self._decode_body, sample_step
+        net, decode, sample = self.net, self._decode_body, sample_step
+        prefill = functools.partial(net, fresh=True)
         if self.options.compile:
-            step = torch.compile(step, fullgraph=True, dynamic=self.options.dynamic_prefill)
-            if self.options.dynamic_prefill:
-                step = symbolic_shapes(step, [t for layer in self.net.layers for t in layer.weights()])
+            dynamic = self.options.dynamic_prefill
+            if self.options.prefill_compile == "model":
+                prefill = functools.partial(torch.compile(net, fullgraph=True, dynamic=dynamic), fresh=True)
+            else:
+                step = torch.compile(net.step, fullgraph=True, dynamic=dynamic)
+                prefill = functools.partial(net, fresh=True, step=step)
+            if dynamic:
+                prefill = symbolic_shapes(prefill, [t for layer in net.layers for t in layer.weights()])
             if self.options.triton:
                 sample = torch.compile(sample, fullgraph=True, dynamic=False)
             else:
                 decode = torch.compile(decode, options=compile_options(self.options), fullgraph=True, dynamic=False)
-        return step, decode, sample
+        return prefill, decode, sample
 
     def _prefill_body(self) -> None:
-        logits = self.net(self.prompt_ids, self.prompt_positions, self.cache, fresh=True, step=self._layer_step)[:, -1]
+        logits = self._prefill_net(self.prompt_ids, self.prompt_positions, self.cache)[:, -1]
         first = pick(logits, self.sampling, self.uniform)
         self.tokens.copy_(first[:, None])
         self.out[:, 0].copy_(first)

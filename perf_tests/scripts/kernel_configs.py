@@ -20,8 +20,9 @@ here when they differ from those in use.
     --attention-variants
                       only the two attention kernels (one program per query head; split over
                       the context, `attention_decode_split`) alone at short and long contexts,
-                      and the decode step with each at prompts 128 and 1920 (TTFT with the
-                      prefill's attention as matmul + softmax and as one fused causal kernel)
+                      and the decode step with each at prompts 128 and 1920 (TTFT, TPOT and
+                      prepare time with the prefill's attention as matmul + softmax or one fused
+                      causal kernel, compiled as one graph or per layer)
     --batch-sizes     only the decode step at several batch sizes: one GEMV program per row
                       against the tensor-core batched kernel's launch shapes
 """
@@ -195,13 +196,19 @@ def attention_variants(loaded, measured, pdl: bool) -> dict:
         del caches
     steps = []
     for prompt_length in (128, 1920):
-        for name, prefill in (("head", "matmul"), ("head", "flash"), ("split", "flash")):
+        for name, prefill, compiled in STEP_VARIANTS:
             options = FastOptions(compile=True, graphs=True, triton=True, launch=ops.LaunchPolicy(attention=name),
-                                  prefill_attention=prefill)
-            label = f"decode attention {name}, prefill attention {prefill}, prompt {prompt_length}"
+                                  prefill_attention=prefill, prefill_compile=compiled)
+            label = f"decode attention {name}, prefill attention {prefill}, prefill compiled per {compiled}, prompt {prompt_length}"
             steps.append({**step_tpot(loaded, measured, options, label, prompt_length=prompt_length),
-                          "attention": name, "prefill_attention": prefill})
+                          "attention": name, "prefill_attention": prefill, "prefill_compile": compiled})
     return {"kernels": kernels, "steps": steps}
+
+
+# (decode attention, prefill attention, prefill compiled per): the engine as it was (the whole
+# prefill compiled, matmul attention), each change alone, and the split attention.
+STEP_VARIANTS = [("head", "matmul", "model"), ("head", "flash", "model"), ("head", "flash", "layer"),
+                 ("split", "flash", "layer")]
 
 
 ROWS_CANDIDATES = [ops.LaunchConfig(bn, bk, 4, stages) for bn in (16, 32) for bk in (128, 256, 512) for stages in (3, 4)]
