@@ -291,6 +291,21 @@ def test_seeded_sampling_with_triton_kernels_draws_what_the_torch_step_draws(ker
     assert len(set(runs[0].flatten().tolist())) > 1
 
 
+@pytest.mark.gpu
+def test_on_cuda_the_compiled_sample_step_in_the_graph_draws_what_the_torch_step_draws():
+    """The defaults on CUDA: Triton decode step, `sample_step` compiled by inductor, all replayed
+    in a CUDA graph; fp32 logits and the same uniform draws give the same tokens."""
+    from inferlab.model.registry import load_model
+    from inferlab.decode.sampling import SamplingConfig
+
+    model = load_model("tiny-random", DEVICE, torch.float32).model
+    prompt = random_prompt(model.config.vocab_size, 5, 2, torch.Generator().manual_seed(4), DEVICE)
+    config = DecodeConfig(8, sampling=SamplingConfig(greedy=False, temperature=0.7, top_p=0.9), ignore_eos=True)
+    runs = [FastEngine(model, options).run(prompt, config, torch.Generator(DEVICE).manual_seed(7), HostClock())
+            for options in (FastOptions(), FastOptions(compile=False, graphs=False, triton=False))]
+    assert torch.equal(runs[0], runs[1])
+
+
 def test_triton_kernels_on_cpu_are_refused_with_a_reason(tiny, monkeypatch):
     from inferlab.errors import UsageError
 
