@@ -1,0 +1,124 @@
+"""Compile the decode kernels for a GPU architecture without the GPU: the CPU interpreter runs
+their arithmetic, this checks what only the compiler sees (types across branches and loops,
+register pressure, spills).
+
+    python -m inferlab.fast.aot              # sm_90 (Hopper), TinyLlama-1.1B and SmolLM2-135M shapes
+    python -m inferlab.fast.aot --arch 80
+
+Each kernel is compiled by Triton to a cubin for the target (`ptxas` ships with Triton) and its
+resource usage read back with `cuobjdump`. Exit 1 if a kernel fails to compile or spills to local
+memory. Run it with TRITON_INTERPRET unset: under the interpreter `triton.jit` does not compile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Compiled:
+    kernel: str
+    case: str
+    registers: int
+    local_bytes: int
+    shared_bytes: int
+
+
+def _pointer(dtype: str) -> str:
+    return "*" + dtype
+
+
+def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
+    """(case, kernel, argument types, constexprs, launch options): each kernel in the shapes the engine launches."""
+    bf16, fp32, i32, i64 = _pointer("bf16"), _pointer("fp32"), _pointer("i32"), _pointer("i64")
+    gemv = dict(x_ptr=bf16, w_ptr=bf16, norm_ptr=bf16, res_ptr=bf16, out_ptr=bf16, M="i32", eps="fp32")
+    attention = dict(qkv_ptr=bf16, cos_ptr=bf16, sin_ptr=bf16, pos_ptr=i64, k_ptr=bf16, v_ptr=bf16, out_ptr=bf16,
+                     stride_cm="i32", stride_ch="i32", stride_ct="i32", scale="fp32")
+    split = dict(attention, part_acc_ptr=fp32, part_best_ptr=fp32, part_total_ptr=fp32, arrivals_ptr=i32)
+    greedy = dict(logits_ptr=fp32, embed_ptr=bf16, hidden_ptr=bf16, tokens_ptr=i64, out_ptr=i64, pos_ptr=i64,
+                  arrivals_ptr=i32, M="i32", out_stride="i32", first_position="i32")
+    cases = []
+    for (n, k, gated), config in kernels.MEASURED_GEMV.items():
+        flags = dict(N=n, K=k, NORM=True, GATED=gated, RESIDUAL=not gated, BLOCK_N=config.block_n,
+                     BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=True, PDL=True)
+        cases.append((f"gemv {n}x{k}", kernels._gemv_kernel, gemv, flags,
+                      dict(num_warps=config.num_warps, num_stages=config.num_stages)))
+    rows = kernels.DEFAULT_POLICY.rows_gemv
+    for n, k, gated, split_k in ((5632, 2048, True, 1), (5632, 2048, True, 2), (2048, 5632, False, 8)):
+        flags = dict(N=n, K=k, NORM=gated, GATED=gated, RESIDUAL=not gated, BLOCK_M=16, BLOCK_N=rows.block_n,
+                     BLOCK_K=rows.block_k, EVEN_N=True, EVEN_K=True, SPLIT_K=split_k, PDL=True, FP32=False)
+        cases.append((f"rows {n}x{k} split-K {split_k}", kernels._gemv_rows_kernel,
+                      dict(gemv, part_ptr=fp32, arrivals_ptr=i32), flags,
+                      dict(num_warps=rows.num_warps, num_stages=rows.num_stages)))
+    for heads, kv_heads, label in ((32, 4, "TinyLlama"), (9, 3, "SmolLM2")):
+        cases.append((f"attention {label}", kernels._attention_decode_kernel, attention,
+                      dict(NH=heads, KVH=kv_heads, HD=64, BLOCK_T=kernels.ATTENTION_BLOCK_T, PDL=True), dict(num_warps=4)))
+        group = heads // kv_heads
+        for block_t in (16, 32):
+            flags = dict(NH=heads, KVH=kv_heads, HD=64, G=group, G_PAD=1 << (group - 1).bit_length(),
+                         SPLITS=kernels.MAX_SPLITS, BLOCK_T=block_t, PDL=True)
+            cases.append((f"split attention {label} tile {block_t}", kernels._attention_split_kernel, split, flags,
+                          dict(num_warps=4)))
+    for one_row in (True, False):
+        flags = dict(V=32000, H=2048, BLOCK_V=kernels.GREEDY_BLOCK_V, BLOCK_H=1024, ONE_ROW=one_row)
+        cases.append((f"greedy step {'one row' if one_row else 'rows'}", kernels._greedy_step_kernel, greedy, flags,
+                      dict(num_warps=kernels.GREEDY_WARPS)))
+    return cases
+
+
+def _resources(cubin: bytes, cuobjdump: str) -> tuple[int, int, int]:
+    """(registers, local bytes, shared bytes) of the one kernel in `cubin`."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as file:
+        file.write(cubin)
+        file.flush()
+        report = subprocess.run([cuobjdump, "--dump-resource-usage", file.name], capture_output=True, text=True,
+                                check=True).stdout
+    fields = dict(re.findall(r"(REG|LOCAL|SHARED):(\d+)", report))
+    return int(fields["REG"]), int(fields["LOCAL"]), int(fields["SHARED"])
+
+
+def compile_all(arch: int) -> list[Compiled]:
+    """Every case of `_cases`, compiled for sm_<arch>; raises what the compiler raises."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from inferlab.fast import kernels
+
+    cuobjdump = os.path.join(triton.__path__[0], "backends", "nvidia", "bin", "cuobjdump")
+    target = GPUTarget("cuda", arch, 32)
+    results = []
+    for case, kernel, types, constexprs, options in _cases(kernels):
+        signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
+        binary = triton.compile(ASTSource(kernel, signature, constexprs=constexprs), target=target, options=options)
+        registers, local, shared = _resources(binary.asm["cubin"], cuobjdump)
+        results.append(Compiled(kernel.__name__, case, registers, local, shared))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inferlab.fast.aot", description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (default 90: Hopper)")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("inferlab.fast.aot: unset TRITON_INTERPRET (the interpreter does not compile)", file=sys.stderr)
+        return 2
+    results = compile_all(args.arch)
+    for r in results:
+        print(f"sm_{args.arch}  {r.case:40s} {r.kernel:26s} registers {r.registers:3d}  local {r.local_bytes:5d} B  "
+              f"shared {r.shared_bytes:6d} B")
+    spilled = [r.case for r in results if r.local_bytes]
+    if spilled:
+        print(f"spills to local memory: {', '.join(spilled)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
