@@ -22,12 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from inferlab.storage import new_run_folder, write_json_atomic  # noqa: E402
-from inferlab.suite import ab  # noqa: E402
-from inferlab.suite.gate.thresholds import parse_thresholds  # noqa: E402
+from inferlab.storage import new_run_folder, write_json_atomic
+from inferlab.suite import ab
+from inferlab.suite.gate.thresholds import parse_thresholds
 
 CPU_SUITE = (f"{sys.executable} -m pytest perf_tests/test_decode_cpu.py -m 'perf and not slow' -p no:cacheprovider -q "
              "-k 'eager and tpot' --inferlab-device cpu")
