@@ -489,6 +489,14 @@ def _attention_decode_kernel(
     tl.store(out_ptr + m * NH * HD + h * HD + d, (acc / total).to(dtype))
 
 
+def _attention_output(qkv, cos, sin, k_cache, v_cache, num_heads: int) -> torch.Tensor:
+    """The layouts both attention kernels index by strides, checked; their output [M, nh hd]."""
+    hd = k_cache.shape[-1]
+    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and qkv.is_contiguous()
+    assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == hd
+    return torch.empty(qkv.shape[0], num_heads * hd, device=qkv.device, dtype=k_cache.dtype)
+
+
 def attention_decode(
     qkv: torch.Tensor,
     cos: torch.Tensor,
@@ -508,11 +516,8 @@ def attention_decode(
     satisfies this when it starts after a full dependency (a CUDA graph replay, or a kernel
     launched without PDL such as `greedy_step`), since within a step only the new row is written.
     """
-    M = qkv.shape[0]
-    hd = k_cache.shape[-1]
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and qkv.is_contiguous()
-    assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == hd
-    out = torch.empty(M, num_heads * hd, device=qkv.device, dtype=k_cache.dtype)
+    out = _attention_output(qkv, cos, sin, k_cache, v_cache, num_heads)
+    M, hd = qkv.shape[0], k_cache.shape[-1]
     pdl = _use_pdl(qkv.device, pdl)
     _attention_decode_kernel[(M * num_heads,)](
         qkv, cos, sin, position, k_cache, v_cache, out,
@@ -663,14 +668,11 @@ def attention_decode_split(
 ) -> torch.Tensor:
     """Same contract as `inferlab.fast.spec.attention_decode`, split over the context (see
     `_attention_split_kernel`); `splits` defaults to `attention_splits(cache length)`."""
-    M = qkv.shape[0]
-    hd = k_cache.shape[-1]
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and qkv.is_contiguous()
-    assert cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == hd
+    out = _attention_output(qkv, cos, sin, k_cache, v_cache, num_heads)
+    M, hd = qkv.shape[0], k_cache.shape[-1]
     group = num_heads // num_kv_heads
     g_pad = triton.next_power_of_2(group)
     splits = splits or attention_splits(k_cache.shape[2])
-    out = torch.empty(M, num_heads * hd, device=qkv.device, dtype=k_cache.dtype)
     part_acc, part_best, part_total, arrivals = _split_scratch(qkv.device, M * num_kv_heads, splits, g_pad, hd)
     pdl = _use_pdl(qkv.device, pdl)
     _attention_split_kernel[(M * num_kv_heads * splits,)](
