@@ -7,7 +7,6 @@ Each run's rounds are level x exp(run shift) x exp(round noise): run shift Norma
 import json
 import math
 
-import numpy as np
 import pytest
 
 pytest.importorskip("ruptures", reason="inferlab history needs ruptures (installed with inferlab)")
@@ -15,7 +14,8 @@ pytest.importorskip("ruptures", reason="inferlab history needs ruptures (install
 from inferlab.cli import main  # noqa: E402
 from inferlab.errors import UsageError  # noqa: E402
 from inferlab.suite import gate, history  # noqa: E402
-from test_gate import entry, run_dict, write  # noqa: E402
+from inferlab.suite.gate import simulate  # noqa: E402
+from test_gate import write  # noqa: E402
 
 CASE = "eager-b1-p16-n32-tpot_ms"
 
@@ -31,18 +31,9 @@ def levels_with_slips(n=30, first=10, slips=10, slip=0.005) -> list[float]:
 
 def save_history(folder, levels, seed=0, node="runner-1", device="Test CPU", median_ms=1.3) -> list[str]:
     """One saved run per level, in pytest-benchmark's .benchmarks layout, with datetime and commit."""
-    rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for i, level in enumerate(levels):
-        shift = math.exp(rng.normal(0.0, 0.003))
-        rounds = list(median_ms * level * shift * np.exp(rng.normal(0.0, 0.01, 20)))
-        data = run_dict([entry(CASE, rounds)], device_name=device)
-        data["machine_info"]["node"] = node
-        data["datetime"] = f"2026-11-{1 + i // 24:02d}T{i % 24:02d}:00:00"
-        data["commit_info"] = {"id": f"c{i:03d}", "time": data["datetime"]}
-        paths.append(write(folder / f"{i + 1:04d}_c{i:03d}.json", data))
-    return paths
+    runs = simulate.synthetic_history(levels, seed, CASE, median_ms, node=node, device_name=device)
+    return [write(folder / f"{i + 1:04d}_c{i:03d}.json", run) for i, run in enumerate(runs)]
 
 
 def one_trail(paths):

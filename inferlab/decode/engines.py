@@ -132,18 +132,15 @@ def make_engine(name: str, model) -> Engine:
     if name in ("fast", "fast-split", "fast-inductor", "fast-nocompile"):
         from inferlab.fast.engine import FastEngine, FastOptions, triton_available
 
-        if name == "fast-split":
-            options = FastOptions()
-            if triton_available():
-                from inferlab.fast.kernels import SPLIT_POLICY
-
-                options = FastOptions(launch=SPLIT_POLICY)
-        else:
-            options = {
-                "fast": FastOptions(),
-                "fast-inductor": FastOptions(triton=False),
-                "fast-nocompile": FastOptions(compile=False, triton=False),
-            }[name]
+        split = None  # the kernels' module needs Triton; without it fast-split is fast
+        if name == "fast-split" and triton_available():
+            from inferlab.fast.kernels import SPLIT_POLICY as split
+        options = {
+            "fast": FastOptions(),
+            "fast-split": FastOptions(launch=split),
+            "fast-inductor": FastOptions(triton=False),
+            "fast-nocompile": FastOptions(compile=False, triton=False),
+        }[name]
         engine = FastEngine(model, options)
         engine.name = name
         return engine

@@ -78,7 +78,8 @@ def saved_run(rounds_ms: dict, *, node: str, device_name: str, when: str, commit
 
 
 def synthetic_history(levels, seed: int, case: str = "eager-b1-p16-n32-tpot_ms", median_ms: float = 1.3,
-                      run_shift: float = 0.003, round_noise: float = 0.01, rounds: int = 20) -> list[dict]:
+                      run_shift: float = 0.003, round_noise: float = 0.01, rounds: int = 20, node: str = "runner-1",
+                      device_name: str = "Test CPU") -> list[dict]:
     """One saved run per level (the true median is median_ms x level): a N(0, run_shift) shift per
     run and N(0, round_noise) per round, from a seeded generator; hourly datetimes, commits c000..."""
     rng = np.random.default_rng(seed)
@@ -87,7 +88,7 @@ def synthetic_history(levels, seed: int, case: str = "eager-b1-p16-n32-tpot_ms",
         shift = np.exp(rng.normal(0.0, run_shift))
         when = f"2026-11-{1 + i // 24:02d}T{i % 24:02d}:00:00"
         samples = median_ms * level * shift * np.exp(rng.normal(0.0, round_noise, rounds))
-        runs.append(saved_run({case: list(samples)}, node="runner-1", device_name="Test CPU", when=when,
+        runs.append(saved_run({case: list(samples)}, node=node, device_name=device_name, when=when,
                               commit=f"c{i:03d}"))
     return runs
 
