@@ -20,14 +20,18 @@ graphs: --inferlab-inject-on auto), so TPOT grows by that delay, e2e by
    10% of the reference TPOT). Block order alternates A H5 A2 H10 / H10 A2 H5 A (ABBA), so a
    slow drift of the machine does not favour base or head. Each block gives one A/A pair
    (A, A2), one 5% pair (A, H5) and one 10% pair (A2, H10); pairs of one kind share no run.
+   `--injected 5` leaves H10 out (blocks of three runs: A H5 A2 / A2 H5 A).
 3. Each pair is judged by pytest-benchmark's rule (--benchmark-compare-fail=median:T%), by the
-   gate (default run_noise and calibrated run_noise), and by the gate's intervals with the
-   point-estimate FAIL rule (low > 1 and ratio >= 1 + T) for comparison; also by the gate on
-   two runs per side (two consecutive blocks).
+   gate (default run_noise and calibrated run_noise) on the medians and on the p99 tails of
+   TPOT rounds and ITL gaps (`inferlab.suite.gate.judge`, one Bonferroni family, as
+   `inferlab gate` judges), and by the gate's intervals with the point-estimate FAIL rule
+   (low > 1 and ratio >= 1 + T) for comparison; also by the gate on two runs per side (two
+   consecutive blocks).
 
 Reported: false alarms per suite (fraction of A/A pairs with any FAIL), detection rate on the
-TPOT entries at 5% and 10% (and the fraction of pairs with any TPOT entry failing), and the
-INCONCLUSIVE rates. Resumable: run again with --resume and the same --out; finished runs are
+TPOT entries at 5% and 10% (and the fraction of pairs with any TPOT entry failing), the same
+for the p99 tail rows of TPOT, and the INCONCLUSIVE rates. An A/A suite counts as failing when
+any of its rows fails, tails included. Resumable: run again with --resume and the same --out; finished runs are
 kept, never overwritten; the plan (delays, settings) is fixed in OUT/plan.json at the start.
 The pytest processes run a copy of the code taken at the start (OUT/code), so edits to the
 checkout while the experiment runs cannot change what is measured halfway.
@@ -54,13 +58,15 @@ import numpy as np
 from inferlab.look import tables
 from inferlab.suite import gate
 from inferlab.suite.gate import simulate
+from inferlab.suite.gate.judge import judge as judge_all
 from inferlab.errors import UsageError
 from inferlab.storage import write_json_atomic
 
 REPO = Path(__file__).resolve().parents[2]
 
 INJECTED = (0.05, 0.10)
-BLOCK = ("A", "H5", "A2", "H10")  # reversed on odd blocks
+BLOCK = ("A", "H5", "A2", "H10")  # reversed on odd blocks; H-labels not injected are left out
+BASE_OF = {"H5": "A", "H10": "A2"}  # each injected run is paired with its own unchanged run
 
 
 @dataclass(frozen=True)
@@ -189,9 +195,23 @@ def run_pytest(setup: Setup, path: Path, delay_ms: float, options: argparse.Name
     return gate.load_run(path)
 
 
-def block_labels(index: int) -> tuple[str, ...]:
-    """A H5 A2 H10 on even blocks, reversed on odd ones (ABBA against drift)."""
-    return BLOCK if index % 2 == 0 else tuple(reversed(BLOCK))
+def injected_label(fraction: float) -> str:
+    return f"H{round(100 * fraction)}"
+
+
+def kind_of(fraction: float) -> str:
+    return f"{round(100 * fraction)}%"
+
+
+def block_labels(index: int, injected: tuple[float, ...] = INJECTED) -> tuple[str, ...]:
+    """A H5 A2 H10 on even blocks, reversed on odd ones (ABBA against drift); the H-runs of `injected` only."""
+    labels = tuple(label for label in BLOCK if label in ("A", "A2") or label in {injected_label(f) for f in injected})
+    return labels if index % 2 == 0 else tuple(reversed(labels))
+
+
+def tail_key(row) -> str:
+    """The name a tail row's verdict is kept under: the entry, the metric of the tail and its quantile."""
+    return f"{row.fullname}:{row.metric}.{row.stat}"
 
 
 def tpot_names(run: gate.Run) -> list[str]:
@@ -214,8 +234,10 @@ def judge(base: list[gate.Run], head: list[gate.Run], threshold: float, confiden
         fails = gate.pytest_benchmark_style(base[0], head[0], threshold)
         verdicts["pytest-benchmark median"] = {n: gate.FAIL if f else gate.PASS for n, f in fails.items()}
     for label, noise in noises.items():
-        report = gate.compare(base, head, {"default": threshold}, confidence=confidence, run_noise=noise)
-        verdicts[f"gate run_noise={label}"] = {row.fullname: row.verdict for row in report.rows}
+        judgement = judge_all(base, head, {"default": threshold}, confidence=confidence, run_noise=noise)
+        report = judgement.medians
+        verdicts[f"gate run_noise={label}"] = ({row.fullname: row.verdict for row in report.rows}
+                                               | {tail_key(row): row.verdict for row in judgement.tails})
         verdicts[f"point rule run_noise={label}"] = {row.fullname: simulate.point_rule(row) for row in report.rows}
         verdicts[f"ratio run_noise={label}"] = {row.fullname: row.ratio for row in report.rows}
     return verdicts
@@ -237,12 +259,18 @@ def rates(pairs: list[dict[str, dict[str, str]]], method: str, entries: list[str
 
 
 def kind_rates(judged: dict[str, list], methods: list[str], names: list[str], tpot: list[str], ttft: list[str]) -> dict:
-    """method -> {A/A, 5%, 10%, and TTFT in injected pairs} -> rates."""
-    return {method: {"A/A": rates(judged["A/A"], method, names),
-                     "5%": rates(judged["5%"], method, tpot), "10%": rates(judged["10%"], method, tpot),
-                     "5% TTFT (unaffected)": rates(judged["5%"], method, ttft),
-                     "10% TTFT (unaffected)": rates(judged["10%"], method, ttft)}
-            for method in methods}
+    """method -> {A/A, each injected kind on TPOT, on the p99 TPOT tails, and on TTFT (unaffected)} -> rates."""
+    table = {}
+    for method in methods:
+        tails = [key for key in judged["A/A"][0][method] if ":tpot_ms." in key]
+        row = {"A/A": rates(judged["A/A"], method, names)}
+        for kind in (k for k in judged if k != "A/A"):
+            row[kind] = rates(judged[kind], method, tpot)
+            if tails:
+                row[f"{kind} p99"] = rates(judged[kind], method, tails)
+            row[f"{kind} TTFT (unaffected)"] = rates(judged[kind], method, ttft)
+        table[method] = row
+    return table
 
 
 def analyse(plan: dict, calibration: list[gate.Run], blocks: list[dict[str, gate.Run]], quiet: list[dict[str, bool]],
@@ -253,7 +281,8 @@ def analyse(plan: dict, calibration: list[gate.Run], blocks: list[dict[str, gate
     names = list(calibration[0].names)
     tpot = tpot_names(calibration[0])
     ttft = [s.fullname for s in calibration[0].series if s.metric == "ttft_ms"]
-    kinds = {"A/A": ("A", "A2"), "5%": ("A", "H5"), "10%": ("A2", "H10")}
+    injected = tuple(plan.get("injected", INJECTED))
+    kinds = {"A/A": ("A", "A2")} | {kind_of(f): (BASE_OF[injected_label(f)], injected_label(f)) for f in injected}
     judged = {kind: [judge([b[base]], [b[head]], threshold, confidence, noises) for b in blocks]
               for kind, (base, head) in kinds.items()}
     methods = [m for m in judged["A/A"][0] if not m.startswith("ratio")]
@@ -273,26 +302,31 @@ def analyse(plan: dict, calibration: list[gate.Run], blocks: list[dict[str, gate
     realised = {kind: {n: float(np.median([p["ratio run_noise=default"][n] for p in judged[kind]])) for n in names}
                 for kind in kinds}
     return {"table": table, "base_tpot_ms": base_tpot,
-            "nominal_tpot_slowdown": {f"{int(100 * f)}%": {n: plan["delays_ms"][f"{int(100 * f)}%"] / base_tpot[n] for n in tpot}
-                                      for f in INJECTED},
+            "nominal_tpot_slowdown": {kind_of(f): {n: plan["delays_ms"][kind_of(f)] / base_tpot[n] for n in tpot}
+                                      for f in injected},
             "median_ratio_per_kind": realised}
 
 
 def format_table(summary: dict) -> str:
-    """Markdown: one line per method."""
-    lines = ["| method | A/A: suites with a FAIL | A/A: suites INCONCLUSIVE | A/A: entries FAIL | "
-             "5%: TPOT entries FAIL | 5%: TPOT INCONCL. | 5%: suites with a TPOT FAIL | "
-             "10%: TPOT entries FAIL | 10%: TPOT INCONCL. | 10%: suites with a TPOT FAIL | TTFT FAIL in injected pairs |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    """Markdown: one line per method; for each injected kind, its TPOT medians and (where judged) p99 tails."""
+    first = next(iter(summary["table"].values()))
+    kinds = [k for k in first if k != "A/A" and not k.endswith(("p99", "(unaffected)"))]
+    header = ["method", "A/A: suites with a FAIL", "A/A: suites INCONCLUSIVE", "A/A: entries FAIL"]
+    for kind in kinds:
+        header += [f"{kind}: TPOT entries FAIL", f"{kind}: TPOT INCONCL.", f"{kind}: suites with a TPOT FAIL",
+                   f"{kind}: p99 TPOT FAIL"]
+    header.append("TTFT FAIL in injected pairs")
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     pct = lambda x: f"{100 * x:.0f}%"  # noqa: E731
     for method, r in summary["table"].items():
-        ttft_fail = (r["5% TTFT (unaffected)"]["entries_fail"] + r["10% TTFT (unaffected)"]["entries_fail"]) / 2
-        lines.append(
-            f"| {method} (n={r['A/A']['pairs']}) | {pct(r['A/A']['suite_fail'])} | {pct(r['A/A']['suite_inconclusive'])} | "
-            f"{pct(r['A/A']['entries_fail'])} | {pct(r['5%']['entries_fail'])} | {pct(r['5%']['entries_inconclusive'])} | "
-            f"{pct(r['5%']['pairs_any_entry_fail'])} | {pct(r['10%']['entries_fail'])} | "
-            f"{pct(r['10%']['entries_inconclusive'])} | {pct(r['10%']['pairs_any_entry_fail'])} | {pct(ttft_fail)} |"
-        )
+        cells = [f"{method} (n={r['A/A']['pairs']})", pct(r["A/A"]["suite_fail"]), pct(r["A/A"]["suite_inconclusive"]),
+                 pct(r["A/A"]["entries_fail"])]
+        for kind in kinds:
+            tail = r.get(f"{kind} p99")
+            cells += [pct(r[kind]["entries_fail"]), pct(r[kind]["entries_inconclusive"]), pct(r[kind]["pairs_any_entry_fail"]),
+                      pct(tail["entries_fail"]) if tail else "-"]
+        cells.append(pct(float(np.mean([r[f"{kind} TTFT (unaffected)"]["entries_fail"] for kind in kinds]))))
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -303,7 +337,8 @@ def make_plan(args, setup: Setup, calibration: list[gate.Run]) -> dict:
         "setup": asdict(setup),
         "threshold": args.threshold,
         "reference_tpot_ms": reference,
-        "delays_ms": {f"{int(100 * f)}%": f * reference for f in INJECTED},
+        "injected": list(args.injected),
+        "delays_ms": {kind_of(f): f * reference for f in args.injected},
         "run_noise_per_benchmark": noise,
         "calibrated_run_noise": max(noise.values()),
         "calibration_runs": len(calibration),
@@ -317,12 +352,21 @@ def environment(run: gate.Run) -> dict:
             "python": platform.python_version()}
 
 
+def injected_fractions(text: str) -> tuple[float, ...]:
+    chosen = {part.strip() for part in text.split(",") if part.strip()}
+    if not chosen or not chosen <= {"5", "10"}:
+        raise argparse.ArgumentTypeError(f"--injected {text!r}: write 5,10 or 5 or 10")
+    return tuple(f for f in INJECTED if str(round(100 * f)) in chosen)
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="a new folder (or an earlier one with --resume)")
     parser.add_argument("--resume", action="store_true", help="continue the experiment in an existing --out")
     parser.add_argument("--pairs", type=int, default=20, help="evaluation blocks: each one A/A, one 5%% and one 10%% pair")
     parser.add_argument("--calibration-runs", type=int, default=8)
+    parser.add_argument("--injected", default="5,10", type=injected_fractions,
+                        help="the slowdowns injected, in %% of the reference TPOT: 5,10 (default), 5 or 10")
     parser.add_argument("--time-budget-s", type=float, default=0, help="start no new block after this long (0: none)")
     parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N for the GPU tests")
     parser.add_argument("--engines", default=None, help="CUDA: --inferlab-engines (default eager); the CPU file has fixed cases")
@@ -385,7 +429,8 @@ def main() -> int:
     if not plan_path.exists():
         plan = {**make_plan(args, setup, calibration), **code}
         write_json_atomic(plan_path, plan)
-    delays = {"A": 0.0, "A2": 0.0, "H5": plan["delays_ms"]["5%"], "H10": plan["delays_ms"]["10%"]}
+    injected = tuple(plan.get("injected", INJECTED))  # a resumed experiment keeps its first arms
+    delays = {"A": 0.0, "A2": 0.0} | {injected_label(f): plan["delays_ms"][kind_of(f)] for f in injected}
     print(f"reference TPOT {plan['reference_tpot_ms']:.4f} ms -> delays {plan['delays_ms']}; "
           f"calibrated run_noise {plan['calibrated_run_noise']:.4f}", flush=True)
     blocks = []
@@ -393,14 +438,14 @@ def main() -> int:
         if args.time_budget_s and time.perf_counter() - start > args.time_budget_s:
             print(f"time budget reached after {index} blocks", flush=True)
             break
-        print(f"block {index}: {' '.join(block_labels(index))}", flush=True)
+        print(f"block {index}: {' '.join(block_labels(index, injected))}", flush=True)
         blocks.append({label: run_pytest(setup, runs_dir / f"b{index:02d}-{label}.json", delays[label], args)
-                       for label in block_labels(index)})
+                       for label in block_labels(index, injected)})
     if not blocks:
         print("no evaluation block finished: raise --time-budget-s", file=sys.stderr)
         return 1
     metas = {path.name.removesuffix(".meta.json"): json.loads(path.read_text()) for path in runs_dir.glob("*.meta.json")}
-    quiet = [{label: metas.get(f"b{i:02d}-{label}", {}).get("other_cores", 1.0) < args.quiet_cores for label in BLOCK}
+    quiet = [{label: metas.get(f"b{i:02d}-{label}", {}).get("other_cores", 1.0) < args.quiet_cores for label in blocks[i]}
              for i in range(len(blocks))]
     summary = {"plan": plan, "environment": environment(calibration[0]), "blocks": len(blocks),
                "confidence": args.confidence, **analyse(plan, calibration, blocks, quiet, args.confidence),

@@ -166,7 +166,7 @@ SPLIT_POLICIES = {"head": ops.LaunchPolicy()} | {
 ATTENTION_CASES = [(1, 128, 256), (1, 1024, 2048), (1, 1920, 2048), (8, 128, 256), (8, 1920, 2048)]  # (batch, position, cache)
 
 
-def attention_variants(loaded, measured, pdl: bool) -> dict:
+def attention_variants(loaded, measured, pdl: bool, variants=None) -> dict:
     """The two attention kernels side by side: each alone (22 layers' caches, replayed in a graph)
     at short and long contexts, then the whole decode step at prompts 128 and 1920."""
     heads, kv_heads, hd, layers = 32, 4, 64, 22
@@ -196,7 +196,7 @@ def attention_variants(loaded, measured, pdl: bool) -> dict:
         del caches
     steps = []
     for prompt_length in (128, 1920):
-        for name, prefill, compiled in STEP_VARIANTS:
+        for name, prefill, compiled in variants or STEP_VARIANTS:
             options = FastOptions(compile=True, graphs=True, triton=True, launch=ops.LaunchPolicy(attention=name),
                                   prefill_attention=prefill, prefill_compile=compiled)
             label = f"decode attention {name}, prefill attention {prefill}, prefill compiled per {compiled}, prompt {prompt_length}"
@@ -209,6 +209,16 @@ def attention_variants(loaded, measured, pdl: bool) -> dict:
 # prefill compiled, matmul attention), each change alone, and the split attention.
 STEP_VARIANTS = [("head", "matmul", "model"), ("head", "flash", "model"), ("head", "flash", "layer"),
                  ("split", "flash", "layer")]
+
+
+def step_variants(text: str) -> list[tuple[str, str, str]]:
+    """--step-variants head/matmul/model,split/flash/layer -> the STEP_VARIANTS named."""
+    known = {"/".join(v): v for v in STEP_VARIANTS}
+    chosen = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [c for c in chosen if c not in known]
+    if unknown or not chosen:
+        raise argparse.ArgumentTypeError(f"--step-variants: unknown {unknown or text!r}; choose from {', '.join(known)}")
+    return [known[c] for c in chosen]
 
 
 ROWS_CANDIDATES = [ops.LaunchConfig(bn, bk, 4, stages) for bn in (16, 32) for bk in (128, 256, 512) for stages in (3, 4)]
@@ -296,6 +306,9 @@ def main() -> int:
     parser.add_argument("--attention-variants", action="store_true",
                         help="only the attention kernels (one program per head, split over the context) side by side, "
                              "alone and in the decode step at prompts 128 and 1920")
+    parser.add_argument("--step-variants", type=step_variants, default=None,
+                        help="with --attention-variants: the decode steps to run, as attention/prefill/compiled, e.g. "
+                             "head/matmul/model,split/flash/layer (default: all four)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("kernel_configs: needs a CUDA device", file=sys.stderr)
@@ -312,7 +325,7 @@ def main() -> int:
           f"driver {env['driver']} | copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
     if args.attention_variants:
         loaded = load_model("tinyllama-1.1b-random", device, torch.bfloat16)
-        report = attention_variants(loaded, measured, ops.pdl_supported(device) and not args.no_pdl)
+        report = attention_variants(loaded, measured, ops.pdl_supported(device) and not args.no_pdl, args.step_variants)
         write_json_atomic(out / "attention.json", {"environment": env, "triton": triton.__version__,
                                                    "bandwidth": bandwidth, **report})
         return 0
