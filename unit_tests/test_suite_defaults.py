@@ -41,7 +41,7 @@ def saved_entries(pytester) -> list[dict]:
 
 
 def test_the_defaults_are_the_seeds_lengths_both_prompts_and_the_fast_engine():
-    assert pytest_plugin.DEFAULT_ENGINES == ("eager", "fast")
+    assert pytest_plugin.DEFAULT_ENGINES == ("fast",)
     assert pytest_plugin.DEFAULT_OUTPUT_LENGTHS == (10, 50, 100, 500)
     assert pytest_plugin.DEFAULT_PROMPT_LENGTHS == (128, 512)
     assert (pytest_plugin.DEFAULT_ROUNDS, pytest_plugin.DEFAULT_MIN_ROUNDS) == (10, 3)
@@ -51,20 +51,36 @@ def test_the_defaults_are_the_seeds_lengths_both_prompts_and_the_fast_engine():
 def test_the_default_cases_are_collected_without_options(suite):
     result = suite.runpytest_subprocess(*CPU, "--collect-only", "-q")
     ids = {line.split("[")[1].rstrip("]") for line in result.stdout.lines if "test_decode[" in line}
-    assert ids == {f"{e}-b1-p{p}-n{n}-{m}" for e in ("eager", "fast") for p in (128, 512)
+    assert ids == {f"fast-b1-p{p}-n{n}-{m}" for p in (128, 512)
                    for n in (10, 50, 100, 500) for m in ("ttft_ms", "tpot_ms", "e2e_ms")}
 
 
 def test_default_engines_and_rounds_run_on_the_cpu_and_record_the_budget(suite):
     result = suite.runpytest_subprocess(*CPU, *TINY, "--benchmark-autosave", "--benchmark-save-data")
-    result.assert_outcomes(passed=6)  # eager and fast, three metrics each
+    result.assert_outcomes(passed=3)  # the fast engine, three metrics
     entries = saved_entries(suite)
-    assert {e["extra_info"]["fingerprint"]["engine"] for e in entries} == {"eager", "fast"}
+    assert {e["extra_info"]["fingerprint"]["engine"] for e in entries} == {"fast"}
     for entry in entries:
         info = entry["extra_info"]
         assert len(entry["stats"]["data"]) == info["rounds_measured"]
         assert 3 <= info["rounds_measured"] <= 10
         assert (info["rounds_asked"], info["max_seconds"], info["warmup_rounds"]) == (10, 5.0, 1)
+
+
+def test_costs_off_saves_the_entries_without_an_energy_block(suite):
+    result = suite.runpytest_subprocess(*CPU, *TINY, "--inferlab-engines", "eager", "--inferlab-metrics", "tpot_ms",
+                                        "--inferlab-costs", "off", "--benchmark-autosave", "--benchmark-save-data")
+    result.assert_outcomes(passed=1)
+    [entry] = saved_entries(suite)
+    info = entry["extra_info"]
+    assert info["energy"] == {"available": False, "reason": "not measured: --inferlab-costs off"}
+    assert info["memory"]["weight_bytes"] > 0
+
+
+def test_costs_takes_on_or_off_only(suite):
+    result = suite.runpytest_subprocess(*CPU, *TINY, "--inferlab-costs", "maybe")
+    assert result.ret != 0
+    assert "--inferlab-costs: invalid choice: 'maybe'" in result.stderr.str()
 
 
 @pytest.mark.parametrize("seconds, rounds", [("1e-9", 3), ("0", 10)])

@@ -252,6 +252,14 @@ def measure_costs(case: PreparedCase, meter, clock: Callable[[], float] = time.p
     return Costs(memory.measure_usage(case.loaded.model, device, batch, final_length), used)
 
 
+def unmeasured_costs(case: PreparedCase, reason: str) -> Costs:
+    """No block of extra requests: the memory peaks so far (the whole process's, not this case's alone)
+    and no energy figure, with `reason`."""
+    final_length = case.prompt.length + case.config.output_length
+    usage = memory.measure_usage(case.loaded.model, case.timed, case.prompt.batch_size, final_length)
+    return Costs(usage, energy.Unavailable(reason))
+
+
 def prepare_case(
     loaded: LoadedModel,
     config: BenchConfig,

@@ -98,7 +98,8 @@ def pytest_command(setup: Setup, json_path: Path, delay_ms: float) -> list[str]:
                "--benchmark-json", str(json_path), "--benchmark-save-data",
                "--inferlab-device", setup.device, "--inferlab-rounds", str(setup.rounds),
                "--inferlab-warmup", str(setup.warmup), "--inferlab-inject-delay-ms", f"{delay_ms:.6f}",
-               "--inferlab-inject-on", "auto"]  # host for host-bound engines, the GPU stream for graph replay
+               "--inferlab-inject-on", "auto",  # host for host-bound engines, the GPU stream for graph replay
+               "--inferlab-costs", "off"]  # no energy block after each case: a shorter process, the same timings
     for option, value in (("--inferlab-engines", setup.engines), ("--inferlab-model", setup.model),
                           ("--inferlab-dtype", setup.dtype), ("--inferlab-output-lengths", setup.output_lengths),
                           ("-k", setup.select)):
