@@ -479,6 +479,7 @@ def cmd_ab(args) -> int:
     from inferlab.storage import new_run_folder, write_json_atomic
     from inferlab.suite import ab
     from inferlab.suite.gate.calibration import DEFAULT_STORE, save_run_noise
+    from inferlab.suite.gate.stats import CALIBRATION_CONFIDENCE
     from inferlab.suite.gate.load import load_run
     from inferlab.suite.gate.thresholds import parse_thresholds
 
@@ -510,10 +511,12 @@ def cmd_ab(args) -> int:
             ab.remove_worktrees(args.repo, trees)
     print(format_outcome(outcome, plan))
     write_json_atomic(folder / "ab.json", ab.outcome_dict(outcome, plan, sides))
-    noise = ab.measured_noise(outcome)
+    noise = ab.calibrated_noise(outcome)  # the 95% upper bound: a low estimate would raise false alarms
     if noise:
         record = save_run_noise(args.noise_store or DEFAULT_STORE, load_run(outcome.base_paths[0]), noise,
-                                {"source": "inferlab ab", "pairs": outcome.pairs, "ab": str(folder / "ab.json")})
+                                {"source": "inferlab ab", "pairs": outcome.pairs, "ab": str(folder / "ab.json"),
+                                 "run_noise_estimate": ab.measured_noise(outcome),
+                                 "confidence": CALIBRATION_CONFIDENCE})
         print(f"run noise saved to {record} (inferlab gate --run-noise calibrated uses it on this machine)")
     if outcome.stopped_by == "interrupted":
         print("inferlab: interrupted; finished runs are kept", file=sys.stderr)

@@ -168,7 +168,12 @@ def test_cli_two_commands_fail_a_slower_head_and_calibrate_the_noise(tmp_path, c
     saved = json.loads((folder / "ab.json").read_text())
     assert saved["verdict"] == "FAIL" and saved["pairs"] == 3 and len(saved["head_runs"]) == 3
     record, = store.rglob("*.json")
-    assert set(json.loads(record.read_text())["run_noise"]) == set(gate.load_run(saved["base_runs"][0]).names)
+    kept = json.loads(record.read_text())
+    assert set(kept["run_noise"]) == set(gate.load_run(saved["base_runs"][0]).names)
+    # the gate is given the 95% upper bound of the spread over 3 pairs (2 degrees of freedom), the estimate is kept beside it
+    assert kept["confidence"] == 0.95 and set(kept["run_noise_estimate"]) == set(kept["run_noise"])
+    for name, bound in kept["run_noise"].items():
+        assert bound == pytest.approx(gate.noise_upper_bound(kept["run_noise_estimate"][name], 2))
     # a later single-run gate on this machine uses it
     assert main(["gate", saved["base_runs"][0], saved["head_runs"][0], "--run-noise", "calibrated",
                  "--noise-store", str(store)]) == 1

@@ -179,6 +179,22 @@ def test_estimate_run_noise_is_the_std_of_log_medians(tmp_path):
         gate.estimate_run_noise(runs[:1])
 
 
+@pytest.mark.parametrize("df, factor", [(1, 15.95), (4, 2.37), (7, 1.80), (19, 1.370)])
+def test_the_noise_bound_is_the_chi_square_upper_confidence_bound(df, factor):
+    # sqrt(df / chi2_0.05(df)), from the tables: chi2_0.05 = 0.00393, 0.711, 2.167, 10.117
+    assert gate.noise_upper_bound(0.01, df) == pytest.approx(0.01 * factor, rel=5e-3)
+    assert gate.noise_upper_bound(0.01, df, confidence=0.5) < gate.noise_upper_bound(0.01, df)
+    with pytest.raises(UsageError, match="at least 1 degree of freedom"):
+        gate.noise_upper_bound(0.01, 0)
+
+
+def test_calibrated_noise_is_the_bound_over_runs_minus_one_degrees_of_freedom(tmp_path):
+    runs = [gate.load_run(write(tmp_path / f"{i}.json", run_dict([entry("eager-n8-tpot_ms", [1.3 * math.exp(s)] * 5)])))
+            for i, s in enumerate((-0.02, 0.0, 0.02))]
+    [(name, bound)] = gate.calibrated_run_noise(runs).items()
+    assert bound == pytest.approx(gate.noise_upper_bound(0.02, 2)) and bound > 0.02 * 4  # 3 runs: x4.4
+
+
 # ----------------------------------------------------------------------------- thresholds
 
 

@@ -31,6 +31,7 @@ from inferlab import storage
 from inferlab.errors import UsageError
 from inferlab.suite.gate.load import Run, load_run
 from inferlab.suite.gate.sequential import Look, look
+from inferlab.suite.gate.stats import CALIBRATION_CONFIDENCE, noise_upper_bound
 
 Runner = Callable[[str, Path], None]
 
@@ -230,5 +231,13 @@ def measured_noise(outcome: Outcome) -> dict[str, float]:
     return {row.fullname: row.run_noise for row in outcome.last.rows} if outcome.last else {}
 
 
-__all__ = ["DEFAULT_SUITE", "Outcome", "Plan", "Runner", "SIDES", "add_worktrees", "command_runner", "measured_noise",
+def calibrated_noise(outcome: Outcome, confidence: float = CALIBRATION_CONFIDENCE) -> dict[str, float]:
+    """Per benchmark, the upper confidence bound of `measured_noise` (pairs - 1 degrees of freedom):
+    what `inferlab gate --run-noise calibrated` is given."""
+    if not outcome.last:
+        return {}
+    return {row.fullname: noise_upper_bound(row.run_noise, row.pairs - 1, confidence) for row in outcome.last.rows}
+
+
+__all__ = ["DEFAULT_SUITE", "Outcome", "Plan", "Runner", "SIDES", "add_worktrees", "command_runner", "calibrated_noise", "measured_noise",
            "order", "outcome_dict", "remove_worktrees", "resolve_revision", "run_ab", "run_side", "worktree_env"]

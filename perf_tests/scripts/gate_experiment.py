@@ -14,8 +14,8 @@ graphs: --inferlab-inject-on auto), so TPOT grows by that delay, e2e by
 
 1. Calibration: --calibration-runs runs of the unchanged code. Their TPOT entries' medians give
    the reference TPOT that turns 5% and 10% into delays in ms; their spread gives a calibrated
-   run_noise (the largest per-benchmark `gate.estimate_run_noise`). No evaluation run is used
-   for either.
+   run_noise (the largest per-benchmark `gate.calibrated_run_noise`: the spread's 95% upper
+   confidence bound, as `inferlab ab` saves it). No evaluation run is used for either.
 2. Evaluation: --pairs blocks of four runs, A and A2 (unchanged), H5 and H10 (delay for 5% and
    10% of the reference TPOT). Block order alternates A H5 A2 H10 / H10 A2 H5 A (ABBA), so a
    slow drift of the machine does not favour base or head. Each block gives one A/A pair
@@ -333,7 +333,7 @@ def format_table(summary: dict) -> str:
 
 def make_plan(args, setup: Setup, calibration: list[gate.Run]) -> dict:
     reference = reference_tpot_ms(calibration)
-    noise = gate.estimate_run_noise(calibration)
+    noise = gate.calibrated_run_noise(calibration)  # the 95% upper bound of the spread, as `inferlab ab` saves it
     return {
         "setup": asdict(setup),
         "threshold": args.threshold,
@@ -341,6 +341,7 @@ def make_plan(args, setup: Setup, calibration: list[gate.Run]) -> dict:
         "injected": list(args.injected),
         "delays_ms": {kind_of(f): f * reference for f in args.injected},
         "run_noise_per_benchmark": noise,
+        "run_noise_estimate_per_benchmark": gate.estimate_run_noise(calibration),
         "calibrated_run_noise": max(noise.values()),
         "calibration_runs": len(calibration),
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -452,7 +453,8 @@ def main() -> int:
                "confidence": args.confidence, **analyse(plan, calibration, blocks, quiet, args.confidence),
                "interference_other_cores": {label: meta["other_cores"] for label, meta in sorted(metas.items())},
                "run_medians_ms": {path.stem: {s.name: s.median_ms for s in gate.load_run(path).series}
-                                  for path in sorted(runs_dir.glob("*.json")) if not path.name.endswith(".meta.json")},
+                                  for path in sorted(runs_dir.glob("*.json"))
+                                  if not path.name.endswith(".meta.json") and not path.name.startswith(".")},  # not a .partial-
                "wall_s": time.perf_counter() - start}
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     saved = write_json_atomic(args.out / f"summary-{stamp}.json", summary)

@@ -25,8 +25,10 @@ replacement, draw each drawn run's rounds with replacement, take medians, averag
 and add a Normal(0, run_noise / sqrt(n)) term: the run-to-run spread of a run's median, which
 no single run can show (with one run per side, resampling rounds only sees the within-run
 noise). ``run_noise`` is a fraction (0.01 = 1%, the default); calibrate it with
-`estimate_run_noise` on repeated runs of the same code (std of log medians across runs; it
-also contains the within-run noise of the median, so it over-estimates slightly: conservative).
+`calibrated_run_noise` on repeated runs of the same code: the std of log medians across runs
+(`estimate_run_noise`; it also contains the within-run noise of the median) raised to its 95%
+upper confidence bound (`noise_upper_bound`), since a spread estimated from a few runs falls
+below the true one about half the time, and a run_noise below the truth raises false alarms.
 With several runs per side, resampling the runs already sees their spread, and run_noise may be
 set lower (0 is defensible from about five runs per side). The interval is the percentile
 interval of head - base over the replicates, exponentiated.
@@ -63,13 +65,15 @@ would: fail when head median > base median x (1 + X), one run per side, no inter
 from inferlab.suite.gate.load import FINGERPRINT_KEYS, MACHINE_KEYS, Run, Series, check_comparable, load_run
 from inferlab.suite.gate.report import SCHEMA, format_table, report_dict, write_report_json
 from inferlab.suite.gate.stats import (
-    DEFAULT_RUN_NOISE, bonferroni_level, bootstrap_log_ratios, estimate_run_noise, log_median, log_ratio,
-    percentile_interval, pytest_benchmark_style, replicates_for, resampled_mean_log_median,
+    CALIBRATION_CONFIDENCE, DEFAULT_RUN_NOISE, bonferroni_level, bootstrap_log_ratios, calibrated_run_noise,
+    estimate_run_noise, log_median, log_ratio, noise_upper_bound, percentile_interval, pytest_benchmark_style,
+    replicates_for, resampled_mean_log_median,
 )
 from inferlab.suite.gate.thresholds import DEFAULT_THRESHOLD, THRESHOLD_EXAMPLE, parse_thresholds, threshold_for
 from inferlab.suite.gate.verdict import EXIT_CODES, FAIL, INCONCLUSIVE, PASS, Report, Row, compare, suite_verdict, verdict
 
 __all__ = [
+    "CALIBRATION_CONFIDENCE",
     "DEFAULT_RUN_NOISE",
     "DEFAULT_THRESHOLD",
     "EXIT_CODES",
@@ -87,12 +91,14 @@ __all__ = [
     "bonferroni_level",
     "bootstrap_log_ratios",
     "check_comparable",
+    "calibrated_run_noise",
     "compare",
     "estimate_run_noise",
     "format_table",
     "load_run",
     "log_median",
     "log_ratio",
+    "noise_upper_bound",
     "parse_thresholds",
     "percentile_interval",
     "pytest_benchmark_style",
