@@ -165,12 +165,13 @@ def test_attention_kernel_matches_the_specification_and_writes_the_cache(kernels
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads, kv_heads", [(4, 2), (6, 2)])  # groups of 2; of 3 (padded to 4 in the kernel)
-@pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.parametrize("splits, chunk", [(1, None), (4, None), (8, 2)])
 def test_split_attention_matches_the_specification_at_every_position_and_resets_its_counts(
-        kernels, dtype, heads, kv_heads, splits):
+        kernels, dtype, heads, kv_heads, splits, chunk):
     """Cut into `splits` ranges of 4-position tiles: empty ranges (position 0, 5), ranges of
-    several tiles with a masked end (37), and launch after launch on one scratch: the arrival
-    counts must be back at 0 after each launch for the next one's combine to run."""
+    several tiles with a masked end (37), combined all at once or `chunk` ranges at a time, and
+    launch after launch on one scratch: the arrival counts must be back at 0 after each launch
+    for the next one's combine to run."""
     M, hd, T = 2, 16, 48
     qkv, cos, sin, k_cache, v_cache = attention_inputs(M, heads, kv_heads, hd, T, dtype)
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
@@ -178,7 +179,7 @@ def test_split_attention_matches_the_specification_at_every_position_and_resets_
         at = torch.tensor([position], device=DEVICE)
         expected = decode_ops.attention_decode(qkv, cos, sin, at, expected_k, expected_v, heads, kv_heads)
         ours = kernels.attention_decode_split(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads,
-                                              block_t=4, splits=splits)
+                                              block_t=4, splits=splits, chunk=chunk)
         assert_same_function(ours, expected)
         assert_same_function(k_cache, expected_k)
         assert torch.equal(v_cache, expected_v)
@@ -193,6 +194,12 @@ def test_the_context_is_cut_into_a_power_of_two_of_ranges_by_the_cache_length(ke
     assert kernels.attention_splits(cache_length) == splits
 
 
+@pytest.mark.parametrize("splits, g_pad, hd, chunk", [(64, 8, 64, 8), (8, 8, 64, 8), (4, 8, 64, 4), (64, 4, 64, 16),
+                                                      (64, 2, 16, 64), (1, 8, 64, 1)])
+def test_the_combine_loads_as_many_ranges_as_fit_4096_floats(kernels, splits, g_pad, hd, chunk):
+    assert kernels.combine_chunk(splits, g_pad, hd) == chunk
+
+
 def test_the_launch_policy_chooses_the_attention_kernel_and_its_ranges(kernels, monkeypatch):
     launched = []
     for name in ("attention_decode", "attention_decode_split"):
@@ -202,8 +209,10 @@ def test_the_launch_policy_chooses_the_attention_kernel_and_its_ranges(kernels, 
     kernels.Kernels().attention_decode(*operands)
     kernels.Kernels(policy=kernels.LaunchPolicy(attention="split")).attention_decode(*operands)
     kernels.Kernels(policy=kernels.LaunchPolicy(attention="split", split_positions=128)).attention_decode(*operands)
-    assert launched == [(kernels.DEFAULT_POLICY.attention_kernel, None), ("attention_decode_split", 16),
-                        ("attention_decode_split", 4)]
+    kernels.Kernels(policy=kernels.LaunchPolicy(attention="auto", split_min_cache=512)).attention_decode(*operands)
+    kernels.Kernels(policy=kernels.LaunchPolicy(attention="auto", split_min_cache=513)).attention_decode(*operands)
+    assert launched == [(kernels.DEFAULT_POLICY.attention_kernel(512), None), ("attention_decode_split", 16),
+                        ("attention_decode_split", 4), ("attention_decode_split", 16), ("attention_decode", None)]
     with pytest.raises(ValueError, match="attention"):
         kernels.LaunchPolicy(attention="flash")
 

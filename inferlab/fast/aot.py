@@ -60,9 +60,10 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         cases.append((f"attention {label}", kernels._attention_decode_kernel, attention,
                       dict(NH=heads, KVH=kv_heads, HD=64, BLOCK_T=kernels.ATTENTION_BLOCK_T, PDL=True), dict(num_warps=4)))
         group = heads // kv_heads
+        g_pad = 1 << (group - 1).bit_length()
         for block_t in (16, 32):
-            flags = dict(NH=heads, KVH=kv_heads, HD=64, G=group, G_PAD=1 << (group - 1).bit_length(),
-                         SPLITS=kernels.MAX_SPLITS, BLOCK_T=block_t, PDL=True)
+            flags = dict(NH=heads, KVH=kv_heads, HD=64, G=group, G_PAD=g_pad, SPLITS=kernels.MAX_SPLITS, BLOCK_T=block_t,
+                         CHUNK=kernels.combine_chunk(kernels.MAX_SPLITS, g_pad, 64), PDL=True)
             cases.append((f"split attention {label} tile {block_t}", kernels._attention_split_kernel, split, flags,
                           dict(num_warps=4)))
     for one_row in (True, False):

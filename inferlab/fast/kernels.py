@@ -81,20 +81,27 @@ class LaunchPolicy:
     # the tensor-core kernel cuts K into ranges until its programs number about this many (0: never)
     rows_target_programs: int = 0
     # "head": one program per query head (`attention_decode`); "split": one per KV head and range
-    # of the context, combined in the kernel (`attention_decode_split`), with these tiles and ranges
+    # of the context, combined in the kernel (`attention_decode_split`), with these tiles and ranges;
+    # "auto": "split" for a cache of at least `split_min_cache` positions, else "head"
     attention: str = "head"
     split_block_t: int = SPLIT_BLOCK_T
     split_positions: int = SPLIT_POSITIONS
     max_splits: int = MAX_SPLITS
+    split_min_cache: int = 1024
 
     def __post_init__(self) -> None:
-        if self.attention not in ATTENTION_KERNELS:
-            raise ValueError(f"attention must be one of {sorted(ATTENTION_KERNELS)}, not {self.attention!r}")
+        if self.attention not in (*ATTENTION_KERNELS, "auto"):
+            raise ValueError(f"attention must be one of {sorted((*ATTENTION_KERNELS, 'auto'))}, not {self.attention!r}")
 
-    @property
-    def attention_kernel(self) -> str:
-        """The name of the function in this module that the policy's attention runs."""
-        return ATTENTION_KERNELS[self.attention]
+    def attention_for(self, cache_length: int) -> str:
+        """"head" or "split": the attention this policy runs over a cache of `cache_length` positions."""
+        if self.attention == "auto":
+            return "split" if cache_length >= self.split_min_cache else "head"
+        return self.attention
+
+    def attention_kernel(self, cache_length: int) -> str:
+        """The name of the function in this module that the policy's attention runs for that cache."""
+        return ATTENTION_KERNELS[self.attention_for(cache_length)]
 
     def gemv_config(self, n: int, k: int, gated: bool) -> LaunchConfig:
         """The launch shape for an [n, k] matrix (n rows per half when gated) at few rows."""
@@ -547,7 +554,7 @@ def _attention_split_kernel(
     part_acc_ptr, part_best_ptr, part_total_ptr, arrivals_ptr,
     stride_cm, stride_ch, stride_ct, scale,
     NH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-    SPLITS: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
+    SPLITS: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
 ):
     """Split over the context (flash-decoding), one program per (row m, KV head, split).
 
@@ -556,7 +563,9 @@ def _attention_split_kernel(
     each program folds its range into a running maximum, normalizer and weighted sum per query
     head (split 0 starts from the new token, which it also writes to the cache), stores them, and
     counts itself in `arrivals`. The program that arrives last combines the SPLITS partial
-    results and resets the count to 0 for the next launch: no second kernel.
+    results and resets the count to 0 for the next launch: no second kernel. It loads them as
+    whole tiles (every range's maximum and normalizer at once, the weighted sums CHUNK ranges at
+    a time), so the combine waits on a few memory round trips, not two per range.
     """
     pid = tl.program_id(0)
     split = pid % SPLITS
@@ -619,17 +628,17 @@ def _attention_split_kernel(
     arrived = tl.atomic_add(arrivals_ptr + group, 1, sem="acq_rel")
     if arrived == SPLITS - 1:  # the last of this group's programs: combine
         tl.debug_barrier()
-        first = group * SPLITS * G_PAD + g
-        top = tl.full([G_PAD], float("-inf"), dtype=tl.float32)
-        for s in range(SPLITS):
-            top = tl.maximum(top, tl.load(part_best_ptr + first + s * G_PAD, cache_modifier=".cg"))
-        norm = tl.zeros([G_PAD], dtype=tl.float32)
+        ranges = tl.arange(0, SPLITS)
+        at_all = (group * SPLITS + ranges[:, None]) * G_PAD + g[None, :]  # [SPLITS, G_PAD]
+        top = tl.max(tl.load(part_best_ptr + at_all, cache_modifier=".cg"), axis=0)  # [G_PAD]
         out = tl.zeros([G_PAD, HD], dtype=tl.float32)
-        for s in range(SPLITS):
-            at_s = first + s * G_PAD
-            weight = tl.exp(tl.load(part_best_ptr + at_s, cache_modifier=".cg") - top)  # 0 for an empty split
-            norm += weight * tl.load(part_total_ptr + at_s, cache_modifier=".cg")
-            out += weight[:, None] * tl.load(part_acc_ptr + at_s[:, None] * HD + d[None, :], cache_modifier=".cg")
+        norm = tl.zeros([G_PAD], dtype=tl.float32)
+        for c in tl.static_range(0, SPLITS, CHUNK):
+            at_c = (group * SPLITS + c + tl.arange(0, CHUNK)[:, None]) * G_PAD + g[None, :]  # [CHUNK, G_PAD]
+            weight = tl.exp(tl.load(part_best_ptr + at_c, cache_modifier=".cg") - top[None, :])  # 0 for an empty range
+            norm += tl.sum(weight * tl.load(part_total_ptr + at_c, cache_modifier=".cg"), axis=0)
+            parts = tl.load(part_acc_ptr + at_c[:, :, None] * HD + d[None, None, :], cache_modifier=".cg")
+            out += tl.sum(weight[:, :, None] * parts, axis=0)
         out_at = out_ptr + m * NH * HD + heads[:, None] * HD + d[None, :]
         tl.store(out_at, (out / norm[:, None]).to(dtype), mask=head_ok[:, None])
         tl.atomic_xchg(arrivals_ptr + group, 0)
@@ -643,6 +652,13 @@ def _split_scratch(device: torch.device, groups: int, splits: int, g_pad: int, h
         torch.empty(groups * splits * g_pad, device=device, dtype=torch.float32),
         torch.empty(groups * splits * g_pad, device=device, dtype=torch.float32),
         torch.zeros(groups, device=device, dtype=torch.int32)))
+
+
+def combine_chunk(splits: int, g_pad: int, hd: int, elements: int = 4096) -> int:
+    """Ranges the split attention's combine loads at once: a power of two with CHUNK x g_pad x hd
+    at most `elements` floats (32 registers a thread over 4 warps), and at most `splits`."""
+    chunk = max(1, elements // (g_pad * hd))
+    return min(splits, 1 << (chunk.bit_length() - 1))
 
 
 def attention_splits(cache_length: int, split_positions: int = SPLIT_POSITIONS, max_splits: int = MAX_SPLITS) -> int:
@@ -665,9 +681,11 @@ def attention_decode_split(
     block_t: int = SPLIT_BLOCK_T,
     splits: int | None = None,
     pdl: bool | None = None,
+    chunk: int | None = None,
 ) -> torch.Tensor:
     """Same contract as `inferlab.fast.spec.attention_decode`, split over the context (see
-    `_attention_split_kernel`); `splits` defaults to `attention_splits(cache length)`."""
+    `_attention_split_kernel`); `splits` defaults to `attention_splits(cache length)`, `chunk`
+    (ranges combined at once, a power of two dividing `splits`) to `combine_chunk`."""
     out = _attention_output(qkv, cos, sin, k_cache, v_cache, num_heads)
     M, hd = qkv.shape[0], k_cache.shape[-1]
     group = num_heads // num_kv_heads
@@ -678,7 +696,8 @@ def attention_decode_split(
     _attention_split_kernel[(M * num_kv_heads * splits,)](
         qkv, cos, sin, position, k_cache, v_cache, out, part_acc, part_best, part_total, arrivals,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hd**-0.5,
-        NH=num_heads, KVH=num_kv_heads, HD=hd, G=group, G_PAD=g_pad, SPLITS=splits, BLOCK_T=block_t, PDL=pdl,
+        NH=num_heads, KVH=num_kv_heads, HD=hd, G=group, G_PAD=g_pad, SPLITS=splits, BLOCK_T=block_t,
+        CHUNK=min(chunk, splits) if chunk else combine_chunk(splits, g_pad, hd), PDL=pdl,
         num_warps=4, **_launch_options(pdl),
     )
     return out
@@ -758,7 +777,7 @@ class Kernels:
     def attention_decode(self, qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads) -> torch.Tensor:
         operands = (qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
         policy = self.policy
-        if policy.attention == "split":
+        if policy.attention_for(k_cache.shape[2]) == "split":
             splits = attention_splits(k_cache.shape[2], policy.split_positions, policy.max_splits)
             return attention_decode_split(*operands, block_t=policy.split_block_t, splits=splits, pdl=self.pdl)
         return attention_decode(*operands, pdl=self.pdl)

@@ -144,8 +144,9 @@ def probe_attention(device, position: int, max_seq: int, pdl: bool) -> list[dict
     return rows
 
 
-def step_tpot(loaded, measured, options: FastOptions, label: str, batch_size: int = 1, prompt_length: int = 128) -> dict:
-    bench = BenchConfig(engine="fast", prompt_length=prompt_length, output_length=128, batch_size=batch_size,
+def step_tpot(loaded, measured, options: FastOptions, label: str, batch_size: int = 1, prompt_length: int = 128,
+              output_length: int = 128) -> dict:
+    bench = BenchConfig(engine="fast", prompt_length=prompt_length, output_length=output_length, batch_size=batch_size,
                         warmup_runs=3, runs=10)
     result = run_benchmark(loaded, bench, measured, engine=FastEngine(loaded.model, options))
     s = result.summary
@@ -153,8 +154,8 @@ def step_tpot(loaded, measured, options: FastOptions, label: str, batch_size: in
     print(f"step {label}: TTFT p50 {s['ttft_ms']['p50']:.3f} ms | TPOT p50 {s['tpot_ms']['p50']:.4f} p99 "
           f"{s['tpot_ms']['p99']:.4f} ms | {100 * line['fraction_of_peak']:.1f}% of copy bandwidth | prepare "
           f"{result.prepare_ms / 1e3:.1f} s", flush=True)
-    return {"label": label, "batch_size": batch_size, "prompt_length": prompt_length, "summary": s, "roofline": line,
-            "prepare_ms": result.prepare_ms}
+    return {"label": label, "batch_size": batch_size, "prompt_length": prompt_length, "output_length": output_length,
+            "summary": s, "roofline": line, "prepare_ms": result.prepare_ms}
 
 
 # The attention kernels compared: one program per query head, and the split kernel with a few
@@ -163,7 +164,10 @@ SPLIT_POLICIES = {"head": ops.LaunchPolicy()} | {
     f"split t{block_t} r{positions}": ops.LaunchPolicy(attention="split", split_block_t=block_t, split_positions=positions)
     for block_t, positions in ((16, 16), (16, 32), (16, 64), (32, 32), (32, 64), (32, 128))
 }
-ATTENTION_CASES = [(1, 128, 256), (1, 1024, 2048), (1, 1920, 2048), (8, 128, 256), (8, 1920, 2048)]  # (batch, position, cache)
+# (batch, position, cache): short and long contexts, and a prompt of 128 in the 1024-position cache
+# that 500 new tokens need (the default sweep's longest case), early and late in its decode
+ATTENTION_CASES = [(1, 128, 256), (1, 128, 1024), (1, 600, 1024), (1, 1024, 2048), (1, 1920, 2048), (8, 128, 256),
+                   (8, 1920, 2048)]
 
 
 def attention_variants(loaded, measured, pdl: bool, variants=None) -> dict:
@@ -195,20 +199,25 @@ def attention_variants(loaded, measured, pdl: bool, variants=None) -> dict:
         kernels.append(row)
         del caches
     steps = []
-    for prompt_length in (128, 1920):
+    for prompt_length, output_length in STEP_SHAPES:
         for name, prefill, compiled in variants or STEP_VARIANTS:
             options = FastOptions(compile=True, graphs=True, triton=True, launch=ops.LaunchPolicy(attention=name),
                                   prefill_attention=prefill, prefill_compile=compiled)
-            label = f"decode attention {name}, prefill attention {prefill}, prefill compiled per {compiled}, prompt {prompt_length}"
-            steps.append({**step_tpot(loaded, measured, options, label, prompt_length=prompt_length),
+            label = (f"decode attention {name}, prefill attention {prefill}, prefill compiled per {compiled}, "
+                     f"prompt {prompt_length}, {output_length} new")
+            steps.append({**step_tpot(loaded, measured, options, label, prompt_length=prompt_length,
+                                      output_length=output_length),
                           "attention": name, "prefill_attention": prefill, "prefill_compile": compiled})
     return {"kernels": kernels, "steps": steps}
 
 
 # (decode attention, prefill attention, prefill compiled per): the engine as it was (the whole
-# prefill compiled, matmul attention), each change alone, and the split attention.
+# prefill compiled, matmul attention), each change alone, the split attention, and the choice by
+# cache length ("auto": split from 1024 cached positions).
 STEP_VARIANTS = [("head", "matmul", "model"), ("head", "flash", "model"), ("head", "flash", "layer"),
-                 ("split", "flash", "layer")]
+                 ("split", "flash", "layer"), ("auto", "flash", "layer")]
+# (prompt, new tokens): caches of 256, 1024 (the default sweep's N = 500) and 2048 positions
+STEP_SHAPES = [(128, 128), (128, 500), (1920, 128)]
 
 
 def step_variants(text: str) -> list[tuple[str, str, str]]:
@@ -308,7 +317,7 @@ def main() -> int:
                              "alone and in the decode step at prompts 128 and 1920")
     parser.add_argument("--step-variants", type=step_variants, default=None,
                         help="with --attention-variants: the decode steps to run, as attention/prefill/compiled, e.g. "
-                             "head/matmul/model,split/flash/layer (default: all four)")
+                             "head/matmul/model,split/flash/layer (default: all five)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("kernel_configs: needs a CUDA device", file=sys.stderr)
