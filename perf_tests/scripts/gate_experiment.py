@@ -35,6 +35,9 @@ any of its rows fails, tails included. Resumable: run again with --resume and th
 kept, never overwritten; the plan (delays, settings) is fixed in OUT/plan.json at the start.
 The pytest processes run a copy of the code taken at the start (OUT/code), so edits to the
 checkout while the experiment runs cannot change what is measured halfway.
+
+`--combine DIR DIR ... --out NEW` runs nothing: it pools experiments of the same settings made
+on several machines or sessions, each pair judged with its own experiment's calibration.
 """
 
 from __future__ import annotations
@@ -274,38 +277,82 @@ def kind_rates(judged: dict[str, list], methods: list[str], names: list[str], tp
     return table
 
 
-def analyse(plan: dict, calibration: list[gate.Run], blocks: list[dict[str, gate.Run]], quiet: list[dict[str, bool]],
-            confidence: float) -> dict:
-    """Every pair judged by every method, and the rates the table shows (all pairs; and pairs of two quiet runs)."""
+def judged_pairs(plan: dict, calibration: list[gate.Run], blocks: list[dict[str, gate.Run]],
+                 quiet: list[dict[str, bool]], confidence: float) -> dict[str, dict[str, list]]:
+    """One experiment's pairs judged by every method: "one" run per side, "two" runs per side
+    (consecutive blocks), "calm" (one per side, both runs quiet); each kind -> judged pairs."""
     noises = {"default": gate.DEFAULT_RUN_NOISE, "calibrated": plan["calibrated_run_noise"]}
     threshold = plan["threshold"]
-    names = list(calibration[0].names)
-    tpot = tpot_names(calibration[0])
-    ttft = [s.fullname for s in calibration[0].series if s.metric == "ttft_ms"]
     injected = tuple(plan.get("injected", INJECTED))
     kinds = {"A/A": ("A", "A2")} | {kind_of(f): (BASE_OF[injected_label(f)], injected_label(f)) for f in injected}
-    judged = {kind: [judge([b[base]], [b[head]], threshold, confidence, noises) for b in blocks]
-              for kind, (base, head) in kinds.items()}
-    methods = [m for m in judged["A/A"][0] if not m.startswith("ratio")]
-    table = kind_rates(judged, methods, names, tpot, ttft)
+    one = {kind: [judge([b[base]], [b[head]], threshold, confidence, noises) for b in blocks]
+           for kind, (base, head) in kinds.items()}
     two = {kind: [judge([blocks[i][base], blocks[i + 1][base]], [blocks[i][head], blocks[i + 1][head]], threshold,
                         confidence, {"calibrated": noises["calibrated"]})
                   for i in range(0, len(blocks) - 1, 2)]
            for kind, (base, head) in kinds.items()}
+    calm = {kind: [p for p, q in zip(one[kind], quiet) if q[base] and q[head]] for kind, (base, head) in kinds.items()}
+    return {"one": one, "two": two, "calm": calm}
+
+
+def analyse(experiments: list[tuple[dict, list[gate.Run], list[dict[str, gate.Run]], list[dict[str, bool]]]],
+            confidence: float) -> dict:
+    """Every pair of every experiment (plan, calibration, blocks, quiet) judged with that
+    experiment's own calibration, pooled; the rates the table shows (all pairs; and pairs of two
+    quiet runs)."""
+    pooled: dict[str, dict[str, list]] = {"one": {}, "two": {}, "calm": {}}
+    for experiment in experiments:
+        for part, kinds in judged_pairs(*experiment, confidence).items():
+            for kind, pairs in kinds.items():
+                pooled[part].setdefault(kind, []).extend(pairs)
+    calibration = experiments[0][1]
+    names = list(calibration[0].names)
+    tpot = tpot_names(calibration[0])
+    ttft = [s.fullname for s in calibration[0].series if s.metric == "ttft_ms"]
+    judged, two, calm = pooled["one"], pooled["two"], pooled["calm"]
+    methods = [m for m in judged["A/A"][0] if not m.startswith("ratio")]
+    table = kind_rates(judged, methods, names, tpot, ttft)
     if two["A/A"]:
         two_methods = [m for m in two["A/A"][0] if not m.startswith("ratio")]
         table.update({f"{m}, 2 runs per side": r for m, r in kind_rates(two, two_methods, names, tpot, ttft).items()})
-    calm = {kind: [p for p, q in zip(judged[kind], quiet) if q[base] and q[head]] for kind, (base, head) in kinds.items()}
     if all(calm.values()):
         main_methods = ["pytest-benchmark median", "gate run_noise=default", "gate run_noise=calibrated"]
         table.update({f"{m}, quiet pairs only": r for m, r in kind_rates(calm, main_methods, names, tpot, ttft).items()})
-    base_tpot = {n: float(np.median([b[k].get(n).median_ms for b in blocks for k in ("A", "A2")])) for n in tpot}
+    nominal = []
+    for plan, _, blocks, _ in experiments:
+        base_tpot = {n: float(np.median([b[k].get(n).median_ms for b in blocks for k in ("A", "A2")])) for n in tpot}
+        nominal.append({"base_tpot_ms": base_tpot,
+                        "nominal_tpot_slowdown": {kind_of(f): {n: plan["delays_ms"][kind_of(f)] / base_tpot[n] for n in tpot}
+                                                  for f in plan.get("injected", INJECTED)}})
     realised = {kind: {n: float(np.median([p["ratio run_noise=default"][n] for p in judged[kind]])) for n in names}
-                for kind in kinds}
-    return {"table": table, "base_tpot_ms": base_tpot,
-            "nominal_tpot_slowdown": {kind_of(f): {n: plan["delays_ms"][kind_of(f)] / base_tpot[n] for n in tpot}
-                                      for f in injected},
-            "median_ratio_per_kind": realised}
+                for kind in judged}
+    return {"table": table, "experiments": nominal, "median_ratio_per_kind": realised}
+
+
+def load_experiment(folder: Path, quiet_cores: float) -> tuple[dict, list[gate.Run], list[dict[str, gate.Run]],
+                                                              list[dict[str, bool]]]:
+    """An experiment's plan, calibration runs, complete blocks and their quiet flags, as saved in `folder`."""
+    plan_path = folder / "plan.json"
+    if not plan_path.is_file():
+        raise UsageError(f"{folder} holds no plan.json: pass folders written by this script's --out")
+    plan = json.loads(plan_path.read_text())
+    runs = folder / "runs"
+    calibration = [gate.load_run(p) for p in sorted(runs.glob("cal-*.json")) if not p.name.endswith(".meta.json")]
+    injected = tuple(plan.get("injected", INJECTED))
+    blocks, quiet = [], []
+    for index in range(1000):
+        labels = block_labels(index, injected)
+        paths = {label: runs / f"b{index:02d}-{label}.json" for label in labels}
+        if not all(path.is_file() for path in paths.values()):
+            break  # the first incomplete block ends the experiment (an interrupted one keeps its finished blocks)
+        blocks.append({label: gate.load_run(path) for label, path in paths.items()})
+        metas = {label: runs / f"b{index:02d}-{label}.meta.json" for label in labels}
+        quiet.append({label: (json.loads(m.read_text()).get("other_cores", 1.0) if m.is_file() else 1.0) < quiet_cores
+                      for label, m in metas.items()})
+    if len(calibration) < 2 or not blocks:
+        raise UsageError(f"{folder} has {len(calibration)} calibration runs and {len(blocks)} complete blocks: "
+                         "it needs at least 2 and 1")
+    return plan, calibration, blocks, quiet
 
 
 def format_table(summary: dict) -> str:
@@ -365,6 +412,9 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="a new folder (or an earlier one with --resume)")
     parser.add_argument("--resume", action="store_true", help="continue the experiment in an existing --out")
+    parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="DIR",
+                        help="run nothing: pool the experiments saved in these folders (e.g. one per machine or "
+                             "session, each with its own calibration) into a summary in the new folder --out")
     parser.add_argument("--pairs", type=int, default=20, help="evaluation blocks: each one A/A, one 5%% and one 10%% pair")
     parser.add_argument("--calibration-runs", type=int, default=8)
     parser.add_argument("--injected", default="5,10", type=injected_fractions,
@@ -398,8 +448,29 @@ def parse_args() -> argparse.Namespace:
     return args
 
 
+def combine(args) -> int:
+    """--combine: the experiments in those folders (one machine each, each with its own
+    calibration) judged and pooled; the summary written to a new --out folder."""
+    experiments = [load_experiment(folder, args.quiet_cores) for folder in args.combine]
+    setups = {json.dumps(plan["setup"], sort_keys=True) for plan, *_ in experiments}
+    if len(setups) > 1:
+        raise UsageError("--combine: the experiments ran different settings (plan.json 'setup'): pool only repeats of one")
+    summary = {"combined": [str(f) for f in args.combine], "plans": [plan for plan, *_ in experiments],
+               "environments": [environment(cal[0]) for _, cal, _, _ in experiments],
+               "blocks": [len(blocks) for _, _, blocks, _ in experiments], "confidence": args.confidence,
+               **analyse(experiments, args.confidence)}
+    args.out.mkdir(parents=True, exist_ok=False)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    saved = write_json_atomic(args.out / f"summary-{stamp}.json", summary)
+    print(format_table(summary))
+    print(f"\nsaved {saved}")
+    return 0
+
+
 def main() -> int:
     args = parse_args()
+    if args.combine:
+        return combine(args)
     if args.simulate:
         simulation = simulate.simulate(args.simulate, args.threshold, args.confidence, args.sim_run_noise, args.sim_within,
                               args.rounds)
@@ -450,7 +521,7 @@ def main() -> int:
     quiet = [{label: metas.get(f"b{i:02d}-{label}", {}).get("other_cores", 1.0) < args.quiet_cores for label in blocks[i]}
              for i in range(len(blocks))]
     summary = {"plan": plan, "environment": environment(calibration[0]), "blocks": len(blocks),
-               "confidence": args.confidence, **analyse(plan, calibration, blocks, quiet, args.confidence),
+               "confidence": args.confidence, **analyse([(plan, calibration, blocks, quiet)], args.confidence),
                "interference_other_cores": {label: meta["other_cores"] for label, meta in sorted(metas.items())},
                "run_medians_ms": {path.stem: {s.name: s.median_ms for s in gate.load_run(path).series}
                                   for path in sorted(runs_dir.glob("*.json"))

@@ -1,0 +1,87 @@
+"""perf_tests/scripts/gate_experiment.py's analysis on synthetic saved runs: blocks of three runs
+(--injected 5), p99 tail verdicts, the calibrated noise bound, and --combine pooling two experiments."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from inferlab.suite import gate
+from inferlab.suite.gate import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "perf_tests" / "scripts" / "gate_experiment.py"
+CASES = ("fast-b1-p128-n32-tpot_ms", "fast-b1-p128-n32-ttft_ms")
+
+
+@pytest.fixture(scope="module")
+def experiment():
+    spec = importlib.util.spec_from_file_location("gate_experiment", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gate_experiment"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["gate_experiment"]
+
+
+def write_run(path: Path, factor: float, rng) -> None:
+    rounds = {CASES[0]: list(0.85 * factor * np.exp(rng.normal(0, 0.002, 20))),
+              CASES[1]: list(2.0 * np.exp(rng.normal(0, 0.005, 20)))}
+    path.write_text(json.dumps(simulate.saved_run(rounds, node="gpu-1", device_name="Test GPU",
+                                                  when="2026-12-05T00:00:00", commit="c")))
+
+
+def make_experiment(folder: Path, experiment, blocks: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    runs = folder / "runs"
+    runs.mkdir(parents=True)
+    for i in range(8):
+        write_run(runs / f"cal-{i:02d}.json", 1.0, rng)
+    calibration = [gate.load_run(runs / f"cal-{i:02d}.json") for i in range(8)]
+    plan = {"setup": {"device": "cuda", "engines": "fast"}, "threshold": 0.05, "injected": [0.05],
+            "delays_ms": {"5%": 0.0425},
+            "calibrated_run_noise": max(gate.calibrated_run_noise(calibration).values())}
+    (folder / "plan.json").write_text(json.dumps(plan))
+    for index in range(blocks):
+        for label in experiment.block_labels(index, (0.05,)):
+            write_run(runs / f"b{index:02d}-{label}.json", 1.05 if label == "H5" else 1.0, rng)
+    write_run(runs / f"b{blocks:02d}-A.json", 1.0, rng)  # an interrupted block: left out
+
+
+def test_blocks_of_three_runs_when_only_five_percent_is_injected(experiment):
+    assert experiment.block_labels(0, (0.05,)) == ("A", "H5", "A2")
+    assert experiment.block_labels(1, (0.05,)) == ("A2", "H5", "A")
+    assert experiment.block_labels(1) == ("H10", "A2", "H5", "A")
+
+
+def test_one_experiment_fails_the_injected_pairs_on_medians_and_p99_tails(experiment, tmp_path):
+    make_experiment(tmp_path / "e1", experiment, blocks=4, seed=1)
+    loaded = experiment.load_experiment(tmp_path / "e1", quiet_cores=0.2)
+    assert len(loaded[2]) == 4  # the interrupted fifth block is not counted
+    summary = experiment.analyse([loaded], 0.95)
+    calibrated = summary["table"]["gate run_noise=calibrated"]
+    assert calibrated["A/A"]["pairs"] == 4 and calibrated["A/A"]["suite_fail"] == 0
+    assert calibrated["5%"]["entries_fail"] == 1.0 and calibrated["5% p99"]["entries_fail"] > 0
+    assert calibrated["5% TTFT (unaffected)"]["entries_fail"] == 0
+    table = experiment.format_table(summary)
+    assert "5%: p99 TPOT FAIL" in table and "gate run_noise=calibrated (n=4)" in table
+
+
+def test_combine_pools_experiments_each_with_its_own_calibration(experiment, tmp_path):
+    make_experiment(tmp_path / "e1", experiment, blocks=3, seed=1)
+    make_experiment(tmp_path / "e2", experiment, blocks=2, seed=2)
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "pooled"), "--combine",
+                           str(tmp_path / "e1"), str(tmp_path / "e2")], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "gate run_noise=calibrated (n=5)" in done.stdout
+    [saved] = (tmp_path / "pooled").glob("summary-*.json")
+    summary = json.loads(saved.read_text())
+    assert summary["blocks"] == [3, 2] and len(summary["plans"]) == 2
+    again = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path / "pooled"), "--combine",
+                            str(tmp_path / "e1")], capture_output=True, text=True, env=env)
+    assert again.returncode == 2 and "exists" in again.stderr  # a summary folder is never reused
