@@ -50,8 +50,11 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         cases.append((f"gemv {n}x{k}", kernels._gemv_kernel, gemv, flags,
                       dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     rows = kernels.DEFAULT_POLICY.rows_gemv
-    for n, k, gated, split_k in ((5632, 2048, True, 1), (5632, 2048, True, 2), (2048, 5632, False, 8)):
-        flags = dict(N=n, K=k, NORM=gated, GATED=gated, RESIDUAL=not gated, BLOCK_M=16, BLOCK_N=rows.block_n,
+    # (n, k, norm, gated, residual, split-K): [q; k; v], [gate; up] and down as the batched step runs them
+    for n, k, norm, gated, residual, split_k in ((2560, 2048, True, False, False, 1), (5632, 2048, True, True, False, 1),
+                                                (5632, 2048, True, True, False, 2), (2048, 5632, False, False, True, 1),
+                                                (2048, 5632, False, False, True, 8)):
+        flags = dict(N=n, K=k, NORM=norm, GATED=gated, RESIDUAL=residual, BLOCK_M=16, BLOCK_N=rows.block_n,
                      BLOCK_K=rows.block_k, EVEN_N=True, EVEN_K=True, SPLIT_K=split_k, PDL=True, FP32=False)
         cases.append((f"rows {n}x{k} split-K {split_k}", kernels._gemv_rows_kernel,
                       dict(gemv, part_ptr=fp32, arrivals_ptr=i32), flags,
