@@ -74,6 +74,35 @@ def test_gemv_kernel_computes_the_specified_function(kernels, dtype, shape, vari
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
+@pytest.mark.parametrize("M", [2, 3, 8])  # a power of two of rows; 3 rows padded to 4 (masked)
+@pytest.mark.parametrize("block_k", [32, None])  # several K tiles (masked when K = 96); the default shape
+def test_the_cuda_core_batch_kernel_computes_the_specified_function(kernels, dtype, shape, variant, M, block_k):
+    N, K = SHAPES[shape]
+    x, norm, residual = draw(M, K, dtype=dtype, seed=1), draw(K, dtype=dtype, seed=2), draw(M, N, dtype=dtype, seed=3)
+    weight = draw(2 * N if variant == "gated" else N, K, dtype=dtype, seed=4, scale=0.1)
+    kwargs = {
+        "plain": {},
+        "norm": dict(norm=norm, eps=1e-5),
+        "residual": dict(residual=residual),
+        "gated": dict(norm=norm, eps=1e-5, gated=True),
+        "logits": dict(norm=norm, eps=1e-5, out_dtype=torch.float32),
+    }[variant]
+    config = kernels.LaunchConfig(block_n=4, block_k=block_k, num_warps=4, num_stages=1) if block_k else None
+    policy = kernels.LaunchPolicy(batched="cuda")
+    ours = kernels.gemv(x, weight, config=config, policy=policy, **kwargs)
+    assert ours.shape == (M, N)
+    assert_same_function(ours, decode_ops.gemv(x, weight, **kwargs))
+
+
+@pytest.mark.parametrize("rows, gated, block_k", [(2, False, 512), (4, True, 128), (8, False, 128), (8, True, 64)])
+def test_the_batch_kernel_keeps_its_products_within_4096_floats(kernels, rows, gated, block_k):
+    config = kernels.batch_config(rows, gated)
+    assert (config.block_n, config.block_k) == (4, block_k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", ["masked", "two-tiles"])
 @pytest.mark.parametrize("variant", ["norm", "residual", "gated"])
 @pytest.mark.parametrize("target", [64, 10_000])  # K cut in 2 or 4 ranges (uneven when masked: 3 tiles in 2)
@@ -123,6 +152,21 @@ def test_a_launch_policy_picks_the_kernel_without_touching_module_state(kernels,
     assert_same_function(ours, decode_ops.gemv(x, weight))
     assert launched == (["_gemv_rows_kernel"] if rows_min_batch <= 3 else ["_gemv_kernel"])
     assert kernels.DEFAULT_POLICY == kernels.LaunchPolicy() and kernels.DEFAULT_POLICY.rows_min_batch == 4
+
+
+def test_the_cuda_policy_runs_the_batch_kernel_from_two_rows_to_its_limit(kernels, monkeypatch):
+    launched = []
+    for name in ("_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel"):
+        monkeypatch.setattr(kernels, name, _Recording(getattr(kernels, name), name, launched))
+    weight = draw(16, 64, seed=4, scale=0.1)
+    policy = kernels.LaunchPolicy(batched="cuda", cuda_max_rows=4, default_gemv=kernels.LaunchConfig(8, 64, 4, 1),
+                                  rows_gemv=kernels.LaunchConfig(16, 64, 4, 1))
+    for M in (1, 2, 4, 5):
+        x = draw(M, 64, seed=M)
+        assert_same_function(kernels.Kernels(pdl=False, policy=policy).gemv(x, weight), decode_ops.gemv(x, weight))
+    assert launched == ["_gemv_kernel", "_gemv_batch_kernel", "_gemv_batch_kernel", "_gemv_rows_kernel"]
+    with pytest.raises(ValueError, match="batched"):
+        kernels.LaunchPolicy(batched="tensor cores")
 
 
 class _Recording:
@@ -268,8 +312,9 @@ def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
 
 
 @pytest.mark.parametrize("batch", [2, 4])  # GEMVs of one program per row; the tensor-core kernel
-@pytest.mark.parametrize("policy", [{}, {"attention": "split"}, {"rows_min_batch": 2, "rows_target_programs": 1000}],
-                         ids=["defaults", "split-attention", "split-k"])
+@pytest.mark.parametrize("policy", [{}, {"attention": "split"}, {"rows_min_batch": 2, "rows_target_programs": 1000},
+                                    {"batched": "cuda"}, {"attention": "auto", "split_min_cache": 8}],
+                         ids=["defaults", "split-attention", "split-k", "cuda-batch", "auto-attention"])
 def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch, policy):
     from inferlab.model.registry import load_model
 

@@ -59,6 +59,14 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         cases.append((f"rows {n}x{k} split-K {split_k}", kernels._gemv_rows_kernel,
                       dict(gemv, part_ptr=fp32, arrivals_ptr=i32), flags,
                       dict(num_warps=rows.num_warps, num_stages=rows.num_stages)))
+    for rows in (2, 4, 8):  # the CUDA-core batch kernel (LaunchPolicy(batched="cuda")) at its row counts
+        for n, k, norm, gated, residual in ((2560, 2048, True, False, False), (5632, 2048, True, True, False),
+                                            (2048, 5632, False, False, True), (32000, 2048, True, False, False)):
+            config = kernels.batch_config(rows, gated)
+            flags = dict(N=n, K=k, NORM=norm, GATED=gated, RESIDUAL=residual, ROWS=rows, BLOCK_N=config.block_n,
+                         BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=True, PDL=True)
+            cases.append((f"batch {rows} rows {n}x{k}", kernels._gemv_batch_kernel, gemv, flags,
+                          dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     for heads, kv_heads, label in ((32, 4, "TinyLlama"), (9, 3, "SmolLM2")):
         cases.append((f"attention {label}", kernels._attention_decode_kernel, attention,
                       dict(NH=heads, KVH=kv_heads, HD=64, BLOCK_T=kernels.ATTENTION_BLOCK_T, PDL=True), dict(num_warps=4)))

@@ -76,6 +76,10 @@ class LaunchPolicy:
     gemv: Mapping[tuple[int, int, bool], LaunchConfig] = field(default_factory=lambda: MappingProxyType(MEASURED_GEMV))
     default_gemv: LaunchConfig = DEFAULT_GEMV
     rows_min_batch: int = 4
+    # "tensor": from rows_min_batch rows, the tensor-core kernel; "cuda": from 2 rows up to
+    # cuda_max_rows, one program per weight block multiplies it into every row on the CUDA cores
+    batched: str = "tensor"
+    cuda_max_rows: int = 8
     rows_gemv: LaunchConfig = ROWS_GEMV
     rows_block_m: int = 16
     # the tensor-core kernel cuts K into ranges until its programs number about this many (0: never)
@@ -90,6 +94,8 @@ class LaunchPolicy:
     split_min_cache: int = 1024
 
     def __post_init__(self) -> None:
+        if self.batched not in ("tensor", "cuda"):
+            raise ValueError(f"batched must be 'tensor' or 'cuda', not {self.batched!r}")
         if self.attention not in (*ATTENTION_KERNELS, "auto"):
             raise ValueError(f"attention must be one of {sorted((*ATTENTION_KERNELS, 'auto'))}, not {self.attention!r}")
 
@@ -369,6 +375,75 @@ def rows_split_k(n_tiles: int, k_tiles: int, target_programs: int) -> int:
     return min(1 << (wanted - 1).bit_length(), 1 << (k_tiles.bit_length() - 1))
 
 
+@triton.jit
+def _gemv_batch_kernel(
+    x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr,
+    M, eps,
+    N: tl.constexpr, K: tl.constexpr,
+    NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """out[m, n] for every row m < M (M <= ROWS) and BLOCK_N consecutive n, on the CUDA cores.
+
+    `_gemv_kernel` for a few rows at once: the program reads each tile of its weight rows once
+    and multiplies it into all the rows, accumulating [ROWS, BLOCK_N, BLOCK_K] products
+    elementwise and summing over K at the end, as `_gemv_kernel` does for one row. A batch then
+    reads the weights once, with no tensor-core tile of 16 rows to fill. The first weight tile
+    is read before waiting on the previous kernel.
+    """
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, ROWS)
+    mask_n, mask_m = offs_n < N, offs_m < M
+    rows = offs_n.to(tl.int64)[:, None] * K
+    up_rows = (offs_n + N).to(tl.int64)[:, None] * K
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K
+    dtype = w_ptr.dtype.element_ty
+    offs_k = tl.arange(0, BLOCK_K)
+    w = _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K)  # [BN, BK]
+    u = w
+    if GATED:
+        u = _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    scale = tl.full([ROWS], 1.0, tl.float32)
+    if NORM:
+        scale = _rms_scales(x_rows, mask_m, eps, K, ROWS, BLOCK_K)
+    xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype)[:, None, :]  # [ROWS, 1, BK]
+    acc = w.to(tl.float32)[None, :, :] * xv
+    acc_up = acc
+    if GATED:
+        acc_up = u.to(tl.float32)[None, :, :] * xv
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype)[:, None, :]
+        acc += _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32)[None, :, :] * xv
+        if GATED:
+            acc_up += _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32)[None, :, :] * xv
+    y = tl.sum(acc, axis=2).to(dtype)  # [ROWS, BN]
+    if GATED:
+        up = tl.sum(acc_up, axis=2).to(dtype)
+        gate = y.to(tl.float32)
+        y = (gate / (1.0 + tl.exp(-gate))).to(dtype)
+        y = (y.to(tl.float32) * up.to(tl.float32)).to(dtype)
+    at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    if RESIDUAL:
+        r = tl.load(res_ptr + at, mask=mask, other=0.0)
+        y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def batch_config(rows: int, gated: bool, elements: int = 4096) -> LaunchConfig:
+    """`_gemv_batch_kernel`'s launch shape for `rows` (a power of two): 4 weight rows a program,
+    and K tiles such that the products it keeps, rows x 4 x BLOCK_K (twice when gated), are at
+    most `elements` floats (32 registers a thread over 4 warps), at least 32 columns."""
+    block_k = max(32, elements // (rows * 4 * (2 if gated else 1)))
+    return LaunchConfig(block_n=4, block_k=block_k, num_warps=4, num_stages=3)
+
+
 # From `policy.rows_min_batch` rows on, the tensor-core kernel (tiles of at least 16 x 16 x 16);
 # below it, one `_gemv_kernel` program per row and weight block, sharing each tile between rows
 # through L2. The switch point is measured (docs/perf/h200/kernels.md, § Batches).
@@ -388,6 +463,7 @@ def gemv(
     """Same contract as `inferlab.fast.spec.gemv`: x [M, K], weight [N or 2N, K] -> [M, N].
 
     Fewer than `policy.rows_min_batch` rows run `_gemv_kernel`, more run `_gemv_rows_kernel`;
+    with `policy.batched == "cuda"`, 2 to `policy.cuda_max_rows` rows run `_gemv_batch_kernel`.
     `config` overrides the policy's launch shape.
     """
     M, K = x.shape
@@ -397,6 +473,15 @@ def gemv(
     pdl = _use_pdl(x.device, pdl)
     operands = (x, weight, x if norm is None else norm, x if residual is None else residual, out, M, eps)
     flags = dict(N=N, K=K, NORM=norm is not None, GATED=gated, RESIDUAL=residual is not None, PDL=pdl)
+    if policy.batched == "cuda" and 2 <= M <= policy.cuda_max_rows:
+        rows = triton.next_power_of_2(M)
+        c = config or batch_config(rows, gated)
+        _gemv_batch_kernel[(triton.cdiv(N, c.block_n),)](
+            *operands, **flags, ROWS=rows, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+            EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0,
+            num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
+        )
+        return out
     if M < policy.rows_min_batch:
         c = config or policy.gemv_config(N, K, gated)
         _gemv_kernel[(M * triton.cdiv(N, c.block_n),)](

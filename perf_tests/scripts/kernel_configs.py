@@ -234,9 +234,10 @@ ROWS_CANDIDATES = [ops.LaunchConfig(bn, bk, 4, stages) for bn in (16, 32) for bk
 
 
 def batched_steps(loaded, measured, batch_sizes: list[int], budget_s: float, candidates, targets=(0,)) -> list[dict]:
-    """The decode step at each batch size: one program per row (per-row) against the tensor-core
-    kernel with each candidate launch shape and split-K target (programs per matrix; 0: no split),
-    until the budget runs out."""
+    """The decode step at each batch size: one program per row (per-row), one program per weight
+    block for all rows on the CUDA cores (up to 8 rows), and the tensor-core kernel with each
+    candidate launch shape and split-K target (programs per matrix; 0: no split), until the
+    budget runs out."""
     deadline = time.perf_counter() + budget_s
     steps = []
     options = FastOptions(compile=False, graphs=True, triton=True)
@@ -247,6 +248,10 @@ def batched_steps(loaded, measured, batch_sizes: list[int], budget_s: float, can
         per_row = replace(options, launch=ops.LaunchPolicy(rows_min_batch=batch_size + 1))
         steps.append({**step_tpot(loaded, measured, per_row, f"triton, batch {batch_size}, per-row", batch_size),
                       "batched_gemv": "per-row"})
+        if batch_size <= ops.DEFAULT_POLICY.cuda_max_rows:
+            cuda = replace(options, launch=ops.LaunchPolicy(batched="cuda"))
+            steps.append({**step_tpot(loaded, measured, cuda, f"triton, batch {batch_size}, CUDA-core batch kernel",
+                                      batch_size), "batched_gemv": "cuda"})
         for config, target in itertools.product(candidates, targets):
             if time.perf_counter() > deadline:
                 break
