@@ -76,6 +76,8 @@ def test_a_cpu_pass_saves_runs_gates_them_and_never_reuses_a_name(tmp_path):
     gate_step = next(s for s in summary if s["step"] == "gate-1")
     assert set(gate_step["pairs"]) == {"A/A", "injected"}
     assert all(pair["rows"] for pair in gate_step["pairs"].values())
+    suite_step = next(s for s in summary if s["step"] == "suite-1")
+    assert set(suite_step["prepare_ms"]) == {"eager-b1-p16-n8"} and suite_step["prepare_ms"]["eager-b1-p16-n8"] > 0
     sweep_step = next(s for s in summary if s["step"] == "sweep-1")
     assert sweep_step["complete"] is True and "eager p128 b1" in sweep_step["verdicts"]
     assert "| sweep-1 | 0 |" in (tmp_path / "summary.md").read_text()

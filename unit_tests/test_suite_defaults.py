@@ -65,6 +65,7 @@ def test_default_engines_and_rounds_run_on_the_cpu_and_record_the_budget(suite):
         assert len(entry["stats"]["data"]) == info["rounds_measured"]
         assert 3 <= info["rounds_measured"] <= 10
         assert (info["rounds_asked"], info["max_seconds"], info["warmup_rounds"]) == (10, 5.0, 1)
+        assert info["prepare_ms"] > 0  # the engine's preparation, kept apart from every timed round
 
 
 def test_costs_off_saves_the_entries_without_an_energy_block(suite):

@@ -63,6 +63,16 @@ def saved_runs(storage: Path) -> list[Path]:
     return sorted(storage.rglob("*.json"), key=lambda p: p.name)
 
 
+def prepare_times_ms(saved: Path) -> dict[str, float]:
+    """Each case's engine preparation (compile, graph capture) as the plugin saved it, by case id."""
+    prepared = {}
+    for entry in json.loads(saved.read_text()).get("benchmarks", []):
+        case = case_id(entry["name"]).rsplit("-", 1)[0]  # fast-b1-p128-n10-tpot_ms -> fast-b1-p128-n10
+        if "prepare_ms" in entry.get("extra_info", {}):
+            prepared[case] = entry["extra_info"]["prepare_ms"]
+    return prepared
+
+
 def tpot_medians_ms(run: gate.Run) -> dict[str, float]:
     return {s.name: float(np.median(s.rounds_ms)) for s in run.series if s.metric == "tpot_ms"}
 
@@ -119,6 +129,8 @@ def do_step(name: str, out: Path, args, deadline: float) -> dict | None:
         record = run_step(label, argv, out / "logs" / f"{label}.log", timeout)
         new = [p for p in saved_runs(storage) if p not in before]
         record["saved"] = str(new[0]) if new else None
+        if new:
+            record["prepare_ms"] = prepare_times_ms(new[0])
         if extra and new:
             record["delay_ms"] = float(extra[1])
             base = tpot_medians_ms(gate.load_run(saved_runs(storage)[0]))
@@ -178,6 +190,8 @@ def summary_markdown(records: list[dict]) -> str:
             result = f"+{r['delay_ms']:.4f} ms a step ({100 * min(fractions):.1f}-{100 * max(fractions):.1f}% of TPOT)"
         else:
             result = r.get("saved") or ""
+            if r.get("prepare_ms"):
+                result += "; prepare " + ", ".join(f"{case} {ms / 1e3:.1f} s" for case, ms in r["prepare_ms"].items())
         lines.append(f"| {r['step']} | {r['exit']} | {r['wall_s']:.0f} s | {result} |")
     return "\n".join(lines) + "\n"
 
