@@ -49,12 +49,8 @@ def assert_same_function(ours: torch.Tensor, expected: torch.Tensor) -> None:
 SHAPES = {"masked": (40, 96), "two-tiles": (32, 128), "one-tile": (16, 64)}
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
-# one row; a few rows, one program each; the tensor-core kernel with masked rows; two blocks of 16 rows
-@pytest.mark.parametrize("M", [1, 3, 5, 17])
-def test_gemv_kernel_computes_the_specified_function(kernels, dtype, shape, variant, M):
+def gemv_case(M: int, shape: str, variant: str, dtype) -> tuple:
+    """x [M, K], the weight ([2N, K] when gated) and the keywords of one `gemv` variant, seeded."""
     N, K = SHAPES[shape]
     x, norm, residual = draw(M, K, dtype=dtype, seed=1), draw(K, dtype=dtype, seed=2), draw(M, N, dtype=dtype, seed=3)
     weight = draw(2 * N if variant == "gated" else N, K, dtype=dtype, seed=4, scale=0.1)
@@ -65,6 +61,17 @@ def test_gemv_kernel_computes_the_specified_function(kernels, dtype, shape, vari
         "gated": dict(norm=norm, eps=1e-5, gated=True),
         "logits": dict(norm=norm, eps=1e-5, out_dtype=torch.float32),
     }[variant]
+    return x, weight, kwargs
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
+# one row; a few rows, one program each; the tensor-core kernel with masked rows; two blocks of 16 rows
+@pytest.mark.parametrize("M", [1, 3, 5, 17])
+def test_gemv_kernel_computes_the_specified_function(kernels, dtype, shape, variant, M):
+    N = SHAPES[shape][0]
+    x, weight, kwargs = gemv_case(M, shape, variant, dtype)
     # one program per row: tiles of 8 x 64; the tensor-core kernel: tiles at least 16 wide
     config = kernels.LaunchConfig(block_n=8 if M < kernels.DEFAULT_POLICY.rows_min_batch else 16, block_k=64, num_warps=4, num_stages=1)
     ours = kernels.gemv(x, weight, config=config, **kwargs)
@@ -79,16 +86,8 @@ def test_gemv_kernel_computes_the_specified_function(kernels, dtype, shape, vari
 @pytest.mark.parametrize("M", [2, 3, 8])  # a power of two of rows; 3 rows padded to 4 (masked)
 @pytest.mark.parametrize("block_k", [32, None])  # several K tiles (masked when K = 96); the default shape
 def test_the_cuda_core_batch_kernel_computes_the_specified_function(kernels, dtype, shape, variant, M, block_k):
-    N, K = SHAPES[shape]
-    x, norm, residual = draw(M, K, dtype=dtype, seed=1), draw(K, dtype=dtype, seed=2), draw(M, N, dtype=dtype, seed=3)
-    weight = draw(2 * N if variant == "gated" else N, K, dtype=dtype, seed=4, scale=0.1)
-    kwargs = {
-        "plain": {},
-        "norm": dict(norm=norm, eps=1e-5),
-        "residual": dict(residual=residual),
-        "gated": dict(norm=norm, eps=1e-5, gated=True),
-        "logits": dict(norm=norm, eps=1e-5, out_dtype=torch.float32),
-    }[variant]
+    N = SHAPES[shape][0]
+    x, weight, kwargs = gemv_case(M, shape, variant, dtype)
     config = kernels.LaunchConfig(block_n=4, block_k=block_k, num_warps=4, num_stages=1) if block_k else None
     policy = kernels.LaunchPolicy(batched="cuda")
     ours = kernels.gemv(x, weight, config=config, policy=policy, **kwargs)

@@ -197,6 +197,14 @@ def _input_tile(x_row, norm_ptr, offs_k, scale, K: tl.constexpr, NORM: tl.conste
 
 
 @triton.jit
+def _silu_times(gate, up, dtype):
+    """SiLU(gate) x up, rounded to `dtype` after each step as the specification rounds it."""
+    g = gate.to(tl.float32)
+    y = (g / (1.0 + tl.exp(-g))).to(dtype)
+    return (y.to(tl.float32) * up.to(tl.float32)).to(dtype)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr,
     M, eps,
@@ -240,10 +248,7 @@ def _gemv_kernel(
             acc_up += _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32) * xf
     y = tl.sum(acc, axis=1).to(dtype)
     if GATED:
-        up = tl.sum(acc_up, axis=1).to(dtype)
-        gate = y.to(tl.float32)
-        y = (gate / (1.0 + tl.exp(-gate))).to(dtype)
-        y = (y.to(tl.float32) * up.to(tl.float32)).to(dtype)
+        y = _silu_times(y, tl.sum(acc_up, axis=1).to(dtype), dtype)
     if RESIDUAL:
         r = tl.load(res_ptr + m * N + offs_n, mask=mask_n, other=0.0)
         y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
@@ -349,9 +354,7 @@ def _gemv_rows_kernel(
     if last:
         y = acc.to(dtype)
         if GATED:
-            gate = y.to(tl.float32)
-            y = (gate / (1.0 + tl.exp(-gate))).to(dtype)
-            y = (y.to(tl.float32) * acc_up.to(dtype).to(tl.float32)).to(dtype)
+            y = _silu_times(y, acc_up.to(dtype), dtype)
         if RESIDUAL:
             r = tl.load(res_ptr + at, mask=mask, other=0.0)
             y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
@@ -424,10 +427,7 @@ def _gemv_batch_kernel(
             acc_up += _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32)[None, :, :] * xv
     y = tl.sum(acc, axis=2).to(dtype)  # [ROWS, BN]
     if GATED:
-        up = tl.sum(acc_up, axis=2).to(dtype)
-        gate = y.to(tl.float32)
-        y = (gate / (1.0 + tl.exp(-gate))).to(dtype)
-        y = (y.to(tl.float32) * up.to(tl.float32)).to(dtype)
+        y = _silu_times(y, tl.sum(acc_up, axis=2).to(dtype), dtype)
     at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     if RESIDUAL:
