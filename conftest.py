@@ -4,7 +4,10 @@
 but runs the perf tests only when they are asked for: by a marker expression (`pytest -m gpu
 --benchmark-autosave`, the design card's command; `pytest -m perf`), by naming paths
 (`pytest perf_tests`), or by an option that saves or compares benchmarks. Plain `pytest`
-deselects them, so it stays quick and records nothing.
+deselects them, so it stays quick and records nothing. The other way round, an option that
+saves or compares benchmarks, with no paths named, runs the benchmarks alone (as
+`--benchmark-only` would): the design card's command records the GPU suite without running the
+GPU-marked unit tests first (`pytest -m gpu` runs both; `pytest -m gpu unit_tests` the unit tests).
 """
 
 from __future__ import annotations
@@ -56,13 +59,22 @@ PERF_TESTS = Path(__file__).resolve().parent / "perf_tests"
 BENCHMARK_REQUESTS = ("benchmark_save", "benchmark_autosave", "benchmark_json", "benchmark_compare", "benchmark_only")
 
 
+def benchmarks_requested(config: pytest.Config) -> bool:
+    return any(config.getoption(name, None) for name in BENCHMARK_REQUESTS)
+
+
 def perf_tests_asked_for(config: pytest.Config) -> bool:
     """Paths named on the command line, a -m expression, or a benchmark-saving/comparing option."""
     if config.args_source != pytest.Config.ArgsSource.TESTPATHS:
         return True
     if config.getoption("markexpr", ""):
         return True
-    return any(config.getoption(name, None) for name in BENCHMARK_REQUESTS)
+    return benchmarks_requested(config)
+
+
+def only_perf_tests(config: pytest.Config) -> bool:
+    """No paths named and a benchmark-saving/comparing option: a recording run, of the benchmarks alone."""
+    return config.args_source == pytest.Config.ArgsSource.TESTPATHS and benchmarks_requested(config)
 
 
 def _in_perf_tests(item: pytest.Item) -> bool:
@@ -70,15 +82,21 @@ def _in_perf_tests(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if perf_tests_asked_for(config):
+    if only_perf_tests(config):
+        keep = _in_perf_tests
+    elif perf_tests_asked_for(config):
         return
-    deselected = [item for item in items if _in_perf_tests(item)]
+    else:
+        keep = lambda item: not _in_perf_tests(item)  # noqa: E731
+    deselected = [item for item in items if not keep(item)]
     if deselected:
-        items[:] = [item for item in items if not _in_perf_tests(item)]
+        items[:] = [item for item in items if keep(item)]
         config.hook.pytest_deselected(items=deselected)
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
+    if only_perf_tests(config):
+        return "unit_tests: not run while benchmarks are recorded (run them: pytest unit_tests, pytest -m gpu unit_tests)"
     if perf_tests_asked_for(config):
         return None
     return "perf_tests: not run (ask for them: pytest -m gpu --benchmark-autosave, pytest -m perf, pytest perf_tests)"

@@ -11,7 +11,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 UNIT = '''
+import pytest
+
 def test_unit():
+    pass
+
+@pytest.mark.gpu
+def test_unit_on_gpu():
     pass
 '''
 GPU_PERF = '''
@@ -49,11 +55,11 @@ def collected(result) -> list[str]:
 
 def test_plain_pytest_at_the_root_runs_the_unit_tests_and_no_benchmark(repo):
     result = repo.runpytest_subprocess("--collect-only", "-q")
-    assert collected(result) == ["test_unit"]
-    result.stdout.fnmatch_lines(["*1/3 tests collected (2 deselected)*"])
+    assert collected(result) == ["test_unit", "test_unit_on_gpu"]
+    result.stdout.fnmatch_lines(["*2/4 tests collected (2 deselected)*"])
 
 
-def test_the_design_cards_command_collects_the_gpu_perf_suite(repo):
+def test_the_design_cards_command_collects_the_gpu_perf_suite_and_no_unit_test(repo):
     result = repo.runpytest_subprocess("-m", "gpu", "--benchmark-autosave", "--collect-only", "-q")
     assert collected(result) == ["test_gpu_benchmark"]
 
@@ -61,8 +67,11 @@ def test_the_design_cards_command_collects_the_gpu_perf_suite(repo):
 @pytest.mark.parametrize("args, expected", [
     (["-m", "perf and not gpu"], ["test_cpu_benchmark"]),  # tox -e perf, from the root
     (["perf_tests"], ["test_cpu_benchmark", "test_gpu_benchmark"]),
-    (["unit_tests"], ["test_unit"]),  # tox -e tests
-    (["--benchmark-autosave"], ["test_cpu_benchmark", "test_gpu_benchmark", "test_unit"]),
+    (["unit_tests"], ["test_unit", "test_unit_on_gpu"]),  # tox -e tests
+    (["-m", "gpu"], ["test_gpu_benchmark", "test_unit_on_gpu"]),  # no recording: GPU benchmarks and GPU unit tests
+    (["-m", "gpu", "unit_tests"], ["test_unit_on_gpu"]),
+    (["--benchmark-autosave"], ["test_cpu_benchmark", "test_gpu_benchmark"]),  # a recording run: benchmarks alone
+    (["unit_tests", "--benchmark-autosave"], ["test_unit", "test_unit_on_gpu"]),  # named paths are run as named
 ])
 def test_perf_tests_run_when_asked_for(repo, args, expected):
     assert collected(repo.runpytest_subprocess(*args, "--collect-only", "-q")) == expected
@@ -71,3 +80,8 @@ def test_perf_tests_run_when_asked_for(repo, args, expected):
 def test_the_header_says_how_to_run_the_perf_tests_when_they_are_left_out(repo):
     result = repo.runpytest_subprocess("--collect-only")
     result.stdout.fnmatch_lines(["perf_tests: not run (ask for them: pytest -m gpu --benchmark-autosave*"])
+
+
+def test_the_header_says_how_to_run_the_unit_tests_when_a_recording_run_leaves_them_out(repo):
+    result = repo.runpytest_subprocess("-m", "gpu", "--benchmark-autosave", "--collect-only")
+    result.stdout.fnmatch_lines(["unit_tests: not run while benchmarks are recorded (run them: pytest unit_tests*"])

@@ -6,7 +6,7 @@
 Steps, each one process typed as a user types it, at the repository root, timed:
 
 - ``suite``: ``python -m pytest -m gpu --benchmark-autosave --benchmark-save-data`` (the design
-  card's command, which also runs the GPU-marked unit tests), saved under OUT/benchmarks;
+  card's command: the GPU benchmarks alone), saved under OUT/benchmarks;
 - ``suite-inject``: the same with ``--inferlab-inject-delay-ms D``, D = --inject-fraction (5%) of
   the slowest TPOT entry of the first suite run, so that every TPOT entry slows by at least that
   fraction (each entry's actual fraction is reported);
