@@ -83,14 +83,14 @@ def _in_perf_tests(item: pytest.Item) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if only_perf_tests(config):
-        keep = _in_perf_tests
+        keep_perf = True  # a recording run: the benchmarks alone
     elif perf_tests_asked_for(config):
         return
     else:
-        keep = lambda item: not _in_perf_tests(item)  # noqa: E731
-    deselected = [item for item in items if not keep(item)]
+        keep_perf = False  # plain pytest: no benchmark
+    deselected = [item for item in items if _in_perf_tests(item) != keep_perf]
     if deselected:
-        items[:] = [item for item in items if keep(item)]
+        items[:] = [item for item in items if _in_perf_tests(item) == keep_perf]
         config.hook.pytest_deselected(items=deselected)
 
 

@@ -776,13 +776,15 @@ def attention_decode_split(
     group = num_heads // num_kv_heads
     g_pad = triton.next_power_of_2(group)
     splits = splits or attention_splits(k_cache.shape[2])
+    chunk = min(chunk, splits) if chunk else combine_chunk(splits, g_pad, hd)
+    assert splits % chunk == 0, (splits, chunk)  # the combine's last chunk must end at the group's last range
     part_acc, part_best, part_total, arrivals = _split_scratch(qkv.device, M * num_kv_heads, splits, g_pad, hd)
     pdl = _use_pdl(qkv.device, pdl)
     _attention_split_kernel[(M * num_kv_heads * splits,)](
         qkv, cos, sin, position, k_cache, v_cache, out, part_acc, part_best, part_total, arrivals,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hd**-0.5,
         NH=num_heads, KVH=num_kv_heads, HD=hd, G=group, G_PAD=g_pad, SPLITS=splits, BLOCK_T=block_t,
-        CHUNK=min(chunk, splits) if chunk else combine_chunk(splits, g_pad, hd), PDL=pdl,
+        CHUNK=chunk, PDL=pdl,
         num_warps=4, **_launch_options(pdl),
     )
     return out

@@ -237,10 +237,10 @@ def measure_costs(case: PreparedCase, meter, clock: Callable[[], float] = time.p
     updates) have passed. Without a GPU and a meter there is nothing to reset or read: no extra
     request runs, and the process's peak resident memory is what is reported.
     """
-    device, batch, final_length = case.timed, case.prompt.batch_size, case.prompt.length + case.config.output_length
+    device, batch = case.timed, case.prompt.batch_size
     metered = not isinstance(meter, energy.Unavailable)
     if device.type != "cuda" and not metered:
-        return Costs(memory.measure_usage(case.loaded.model, device, batch, final_length), meter)
+        return Costs(_usage(case), meter)
     span_s = max(COST_SPAN_S, COST_SPAN_UPDATES * (meter.update_interval_s or 0.0) if metered else 0.0)
     memory.reset_peaks(device)
     started = meter.start() if metered else None
@@ -249,15 +249,19 @@ def measure_costs(case: PreparedCase, meter, clock: Callable[[], float] = time.p
         case.measure_one()  # synchronizes at its end: the counter is read after the work is done
         requests += 1
     used = meter.stop(started, requests * batch * case.config.output_length) if metered else meter
-    return Costs(memory.measure_usage(case.loaded.model, device, batch, final_length), used)
+    return Costs(_usage(case), used)
 
 
 def unmeasured_costs(case: PreparedCase, reason: str) -> Costs:
     """No block of extra requests: the memory peaks so far (the whole process's, not this case's alone)
     and no energy figure, with `reason`."""
+    return Costs(_usage(case), energy.Unavailable(reason))
+
+
+def _usage(case: PreparedCase) -> memory.MemoryUsage:
+    """The memory figures of `case` read now: device peaks since the last reset, weights, its KV cache."""
     final_length = case.prompt.length + case.config.output_length
-    usage = memory.measure_usage(case.loaded.model, case.timed, case.prompt.batch_size, final_length)
-    return Costs(usage, energy.Unavailable(reason))
+    return memory.measure_usage(case.loaded.model, case.timed, case.prompt.batch_size, final_length)
 
 
 def prepare_case(

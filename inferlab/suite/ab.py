@@ -239,5 +239,5 @@ def calibrated_noise(outcome: Outcome, confidence: float = CALIBRATION_CONFIDENC
     return {row.fullname: noise_upper_bound(row.run_noise, row.pairs - 1, confidence) for row in outcome.last.rows}
 
 
-__all__ = ["DEFAULT_SUITE", "Outcome", "Plan", "Runner", "SIDES", "add_worktrees", "command_runner", "calibrated_noise", "measured_noise",
-           "order", "outcome_dict", "remove_worktrees", "resolve_revision", "run_ab", "run_side", "worktree_env"]
+__all__ = ["DEFAULT_SUITE", "Outcome", "Plan", "Runner", "SIDES", "add_worktrees", "calibrated_noise", "command_runner",
+           "measured_noise", "order", "outcome_dict", "remove_worktrees", "resolve_revision", "run_ab", "run_side", "worktree_env"]
