@@ -54,6 +54,15 @@ def test_the_table_names_cases_verdicts_and_the_injected_fraction(check):
     assert "fast p128 b1: TTFT=holds; fast prepare: fast n10 7.2 s |" in table
 
 
+def test_a_step_is_expected_to_take_as_long_as_the_longest_finished_one_of_its_kind(check):
+    records = [{"step": "sweep-1", "exit": 0, "wall_s": 239.0}, {"step": "sweep-inject-1", "exit": 0, "wall_s": 259.0},
+               {"step": "sweep-2", "exit": "timeout", "wall_s": 62.0}, {"step": "suite-1", "exit": 0, "wall_s": 131.0},
+               {"step": "gate-1", "pairs": {}}]
+    assert check.expected_wall_s(records, "sweep") == 259.0  # the injected sweep counts; the one cut off does not
+    assert check.expected_wall_s(records, "suite-inject") == 131.0
+    assert check.expected_wall_s(records, "gate") is None and check.expected_wall_s([], "sweep") is None
+
+
 def test_unknown_steps_are_refused_with_the_list(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--steps", "suite,bogus"],
                           capture_output=True, text=True, env={"PYTHONPATH": str(ROOT), "PATH": ""})
@@ -69,6 +78,8 @@ def test_a_cpu_pass_saves_runs_gates_them_and_never_reuses_a_name(tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     second = subprocess.run([*argv, "--steps", "suite,sweep"], capture_output=True, text=True, env=env)
     assert second.returncode == 0, second.stdout + second.stderr
+    third = subprocess.run([*argv, "--steps", "suite", "--budget-s", "0.5"], capture_output=True, text=True, env=env)
+    assert third.returncode == 0 and "suite: skipped, needs ~" in third.stdout  # it would not fit: not started
     steps = sorted(p.stem for p in (tmp_path / "steps").glob("*.json"))
     assert steps == ["gate-1", "suite-1", "suite-2", "suite-3", "suite-inject-1", "sweep-1"]
     assert len(list((tmp_path / "benchmarks").rglob("*.json"))) == 4

@@ -1,27 +1,18 @@
-"""perf_tests/scripts/rejudge_sweep.py: a saved sweep's raw runs judged again, the failed results left out."""
+"""A saved sweep's raw runs judged again (`sweep.saved_group_verdicts`, perf_tests/scripts/rejudge_sweep.py),
+the failed results left out."""
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from inferlab.measure.metrics import RunTimes
 from inferlab.suite import hypotheses
+from inferlab.suite.sweep import saved_group_verdicts
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "perf_tests" / "scripts" / "rejudge_sweep.py"
 LENGTHS = (10, 50, 100)
-
-
-@pytest.fixture(scope="module")
-def rejudge():
-    spec = importlib.util.spec_from_file_location("rejudge_sweep", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def token_ms(ttft: float, tpot: float, n: int) -> list[float]:
@@ -34,18 +25,17 @@ def result(engine: str, n: int, tpot: float, status: str = "ok") -> dict:
             "runs": runs if status == "ok" else [], "roofline": {"bytes_per_step": 2.0e9}}
 
 
-def test_the_verdicts_are_those_of_the_hypotheses_on_the_saved_runs(rejudge, tmp_path):
+def test_the_verdicts_are_those_of_the_hypotheses_on_the_saved_runs(tmp_path):
     growing = {10: 5.0, 50: 5.5, 100: 7.0}  # TPOT grows 40% with the context
     sweep = {"results": [result("flat", n, 5.0) for n in LENGTHS] + [result("growing", n, growing[n]) for n in LENGTHS]
              + [result("growing", 500, 9.0, status="oom")]}
-    found = rejudge.groups(sweep)
-    assert sorted(found) == [("flat", 128, 1), ("growing", 128, 1)] and len(found[("growing", 128, 1)]) == 3
-    expected = hypotheses.check_all(
+    flat, growing_group = saved_group_verdicts(sweep)
+    assert (flat.engine, flat.prompt_length, flat.batch_size, growing_group.engine) == ("flat", 128, 1, "growing")
+    expected = hypotheses.check_all(  # the failed N = 500 is left out
         LENGTHS, [[RunTimes(tuple(r["token_ms"])) for r in result("growing", n, growing[n])["runs"]] for n in LENGTHS],
         [2.0e9] * 3)
-    assert rejudge.judge(found[("growing", 128, 1)]) == expected
-    assert expected[0].verdict == hypotheses.DOES_NOT_HOLD
-    assert [v.verdict for v in rejudge.judge(found[("flat", 128, 1)])] == [hypotheses.HOLDS] * 3
+    assert growing_group.verdicts == expected and expected[0].verdict == hypotheses.DOES_NOT_HOLD
+    assert [v.verdict for v in flat.verdicts] == [hypotheses.HOLDS] * 3
 
     (tmp_path / "sweep.json").write_text(json.dumps(sweep))
     done = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True,

@@ -33,7 +33,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Optional, Protocol, Sequence
 
 import torch
 
@@ -382,30 +382,46 @@ class _Measurement:
         return tuple(results), schedules
 
 
-def bytes_per_step(results: Sequence[BenchResult]) -> list[float] | None:
-    """Each result's mean bytes read per decode step (weights + KV cache), when all have a roofline."""
-    if any(r.roofline is None for r in results):
-        return None
-    return [r.roofline.bytes_per_step for r in results]
-
-
 def series_key(result: BenchResult) -> tuple[str, int, int]:
     """(engine, prompt length, batch size): what one group of output lengths holds fixed."""
     return result.config.engine, result.prompt_length, result.config.batch_size
 
 
+# (output length, its runs, bytes per decode step or None) for each length of one group
+Members = list[tuple[int, Sequence[RunTimes], Optional[float]]]
+
+
+def _judged(groups: dict[tuple[str, int, int], Members]) -> tuple[GroupVerdicts, ...]:
+    verdicts = []
+    for (engine, prompt, batch), members in groups.items():
+        per_step = None if any(b is None for _, _, b in members) else [b for _, _, b in members]
+        verdicts.append(GroupVerdicts(engine, prompt, batch, hypotheses.check_all(
+            [n for n, _, _ in members], [runs for _, runs, _ in members], per_step)))
+    return tuple(verdicts)
+
+
 def group_verdicts(results: Sequence[BenchResult]) -> tuple[GroupVerdicts, ...]:
     """The hypotheses per (engine, prompt length, batch size), on the results that ran."""
-    groups: dict[tuple[str, int, int], list[BenchResult]] = {}
+    groups: dict[tuple[str, int, int], Members] = {}
     for result in results:
-        groups.setdefault(series_key(result), [])
+        members = groups.setdefault(series_key(result), [])
         if result.status == "ok":
-            groups[series_key(result)].append(result)
-    return tuple(
-        GroupVerdicts(engine, prompt, batch, hypotheses.check_all(
-            [r.config.output_length for r in members], [r.runs for r in members], bytes_per_step(members)))
-        for (engine, prompt, batch), members in groups.items()
-    )
+            members.append((result.config.output_length, result.runs,
+                            None if result.roofline is None else result.roofline.bytes_per_step))
+    return _judged(groups)
+
+
+def saved_group_verdicts(saved: dict) -> tuple[GroupVerdicts, ...]:
+    """`group_verdicts` on a saved sweep.json (its raw runs), judged by this version's rules."""
+    groups: dict[tuple[str, int, int], Members] = {}
+    for result in saved["results"]:
+        config = result["config"]
+        members = groups.setdefault((config["engine"], result["prompt_length"], config["batch_size"]), [])
+        if result.get("status") == "ok":
+            roofline = result.get("roofline")
+            members.append((config["output_length"], [RunTimes(tuple(run["token_ms"])) for run in result["runs"]],
+                            None if roofline is None else roofline["bytes_per_step"]))
+    return _judged(groups)
 
 
 def sweep_fingerprint(loaded: LoadedModel) -> dict:

@@ -19,7 +19,8 @@ Steps, each one process typed as a user types it, at the repository root, timed:
 
 Each finished step is kept in OUT/steps/ (never overwritten: a repeated step gets the next
 number), so back-to-back calls add to one folder; OUT/summary.md and summary.json are rebuilt
-from all of them at the end of every call. --budget-s skips the steps that would start after it.
+from all of them at the end of every call. --budget-s is a deadline: a step still running then is
+stopped, and a step is not started when a finished step of its kind took longer than what is left.
 """
 
 from __future__ import annotations
@@ -102,6 +103,17 @@ def sweep_result(folder: Path) -> dict:
     prepare = {f"{r['config']['engine']} n{r['config']['output_length']}": r.get("prepare_ms")
                for r in data.get("results", []) if r.get("prepare_ms") is not None}
     return {"folder": str(folder), "complete": data.get("complete"), "verdicts": verdicts, "prepare_ms": prepare}
+
+
+def kind(step: str) -> str:
+    """suite-inject-2 -> suite, sweep-1 -> sweep, gate-1 -> gate: steps of one kind take about as long."""
+    return step.split("-")[0]
+
+
+def expected_wall_s(records: list[dict], name: str) -> float | None:
+    """The longest finished (exit 0) step of `name`'s kind so far, None before the first."""
+    walls = [r["wall_s"] for r in records if kind(r.get("step", "")) == kind(name) and r.get("exit") == 0 and "wall_s" in r]
+    return max(walls) if walls else None
 
 
 def next_name(out: Path, name: str) -> str:
@@ -216,8 +228,13 @@ def main() -> int:
     deadline = time.monotonic() + args.budget_s
     args.out.mkdir(parents=True, exist_ok=True)
     for name in chosen:
-        if time.monotonic() > deadline:
-            print(f"{name}: skipped, --budget-s {args.budget_s:g} spent", flush=True)
+        left = deadline - time.monotonic()
+        done = [json.loads(p.read_text()) for p in (args.out / "steps").glob("*.json")]
+        needs = expected_wall_s(done, name)
+        if left <= 0 or (needs is not None and needs > left):
+            # a step cut off by the deadline measures nothing: do not start one that would not fit
+            why = f"needs ~{needs:.0f} s as before" if needs is not None else "nothing"
+            print(f"{name}: skipped, {why}, {max(left, 0):.0f} s of --budget-s {args.budget_s:g} left", flush=True)
             continue
         do_step(name, args.out, args, deadline)
     records = [json.loads(p.read_text()) for p in sorted((args.out / "steps").glob("*.json"), key=lambda p: p.stat().st_mtime)]

@@ -2,8 +2,8 @@
 
     PYTHONPATH=. python perf_tests/scripts/rejudge_sweep.py SWEEP_FOLDER_OR_JSON [...]
 
-Reads each sweep.json (every raw run is kept there), groups the results that ran by engine,
-prompt length and batch size as the sweep does, and prints each hypothesis's verdict and line.
+Reads each sweep.json (every raw run is kept there), judges it with
+`inferlab.suite.sweep.saved_group_verdicts` and prints each hypothesis's verdict and line.
 Nothing is written: a saved sweep keeps the verdicts it was made with.
 """
 
@@ -14,26 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from inferlab.measure.metrics import RunTimes
-from inferlab.suite import hypotheses
-
-
-def groups(sweep: dict) -> dict[tuple[str, int, int], list[dict]]:
-    """The results that ran, by (engine, prompt length, batch size)."""
-    out: dict[tuple[str, int, int], list[dict]] = {}
-    for result in sweep["results"]:
-        if result.get("status") == "ok":
-            config = result["config"]
-            out.setdefault((config["engine"], result["prompt_length"], config["batch_size"]), []).append(result)
-    return out
-
-
-def judge(members: list[dict]) -> tuple[hypotheses.Verdict, ...]:
-    lengths = [m["config"]["output_length"] for m in members]
-    runs = [[RunTimes(tuple(run["token_ms"])) for run in m["runs"]] for m in members]
-    rooflines = [m.get("roofline") for m in members]
-    per_step = None if any(r is None for r in rooflines) else [r["bytes_per_step"] for r in rooflines]
-    return hypotheses.check_all(lengths, runs, per_step)
+from inferlab.suite.sweep import saved_group_verdicts
 
 
 def main() -> int:
@@ -46,9 +27,10 @@ def main() -> int:
             print(f"rejudge_sweep: no sweep.json at {path}: name a sweep's folder or its sweep.json", file=sys.stderr)
             return 2
         print(f"{file}:")
-        for (engine, prompt, batch), members in groups(json.loads(file.read_text())).items():
-            for verdict in judge(members):
-                print(f"  {engine} p{prompt} b{batch}  {verdict.verdict.upper():15} {verdict.name}: {verdict.explanation}")
+        for group in saved_group_verdicts(json.loads(file.read_text())):
+            for verdict in group.verdicts:
+                print(f"  {group.engine} p{group.prompt_length} b{group.batch_size}  {verdict.verdict.upper():15} "
+                      f"{verdict.name}: {verdict.explanation}")
     return 0
 
 
