@@ -208,13 +208,14 @@ def test_attention_kernel_matches_the_specification_and_writes_the_cache(kernels
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads, kv_heads", [(4, 2), (6, 2)])  # groups of 2; of 3 (padded to 4 in the kernel)
-@pytest.mark.parametrize("splits, chunk", [(1, None), (4, None), (8, 2)])
+@pytest.mark.parametrize("splits, chunk, combine", [(1, None, "last"), (4, None, "last"), (8, 2, "last"),
+                                                   (1, None, "kernel"), (8, None, "kernel")])
 def test_split_attention_matches_the_specification_at_every_position_and_resets_its_counts(
-        kernels, dtype, heads, kv_heads, splits, chunk):
+        kernels, dtype, heads, kv_heads, splits, chunk, combine):
     """Cut into `splits` ranges of 4-position tiles: empty ranges (position 0, 5), ranges of
-    several tiles with a masked end (37), combined all at once or `chunk` ranges at a time, and
-    launch after launch on one scratch: the arrival counts must be back at 0 after each launch
-    for the next one's combine to run."""
+    several tiles with a masked end (37), combined in the kernel all at once or `chunk` ranges at
+    a time, or by the combine kernel, and launch after launch on one scratch: the arrival counts
+    must be back at 0 after each launch for the next one's combine to run."""
     M, hd, T = 2, 16, 48
     qkv, cos, sin, k_cache, v_cache = attention_inputs(M, heads, kv_heads, hd, T, dtype)
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
@@ -222,7 +223,7 @@ def test_split_attention_matches_the_specification_at_every_position_and_resets_
         at = torch.tensor([position], device=DEVICE)
         expected = decode_ops.attention_decode(qkv, cos, sin, at, expected_k, expected_v, heads, kv_heads)
         ours = kernels.attention_decode_split(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads,
-                                              block_t=4, splits=splits, chunk=chunk)
+                                              block_t=4, splits=splits, chunk=chunk, combine=combine)
         assert_same_function(ours, expected)
         assert_same_function(k_cache, expected_k)
         assert torch.equal(v_cache, expected_v)
@@ -246,7 +247,8 @@ def test_the_combine_loads_as_many_ranges_as_fit_4096_floats(kernels, splits, g_
 def test_the_launch_policy_chooses_the_attention_kernel_and_its_ranges(kernels, monkeypatch):
     launched = []
     for name in ("attention_decode", "attention_decode_split"):
-        monkeypatch.setattr(kernels, name, lambda *a, name=name, **k: launched.append((name, k.get("splits"))))
+        monkeypatch.setattr(kernels, name, lambda *a, name=name, **k: launched.append(
+            (name, k.get("splits"), k.get("combine"))))
     cache = torch.zeros(1, 2, 512, 16)
     operands = (None, None, None, None, cache, cache, 4, 2)
     kernels.Kernels().attention_decode(*operands)
@@ -254,10 +256,15 @@ def test_the_launch_policy_chooses_the_attention_kernel_and_its_ranges(kernels, 
     kernels.Kernels(policy=kernels.LaunchPolicy(attention="split", split_positions=128)).attention_decode(*operands)
     kernels.Kernels(policy=kernels.LaunchPolicy(attention="auto", split_min_cache=512)).attention_decode(*operands)
     kernels.Kernels(policy=kernels.LaunchPolicy(attention="auto", split_min_cache=513)).attention_decode(*operands)
-    assert launched == [(kernels.DEFAULT_POLICY.attention_kernel(512), None), ("attention_decode_split", 16),
-                        ("attention_decode_split", 4), ("attention_decode_split", 16), ("attention_decode", None)]
+    kernels.Kernels(policy=kernels.LaunchPolicy(attention="split", split_combine="kernel")).attention_decode(*operands)
+    split = "attention_decode_split"
+    assert launched == [(kernels.DEFAULT_POLICY.attention_kernel(512), None, None), (split, 16, "last"),
+                        (split, 4, "last"), (split, 16, "last"), ("attention_decode", None, None),
+                        (split, 16, "kernel")]
     with pytest.raises(ValueError, match="attention"):
         kernels.LaunchPolicy(attention="flash")
+    with pytest.raises(ValueError, match="split_combine"):
+        kernels.LaunchPolicy(split_combine="atomic")
 
 
 def test_attention_specification_is_softmax_attention_over_the_written_cache():
@@ -312,8 +319,10 @@ def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
 
 @pytest.mark.parametrize("batch", [2, 4])  # GEMVs of one program per row; the tensor-core kernel
 @pytest.mark.parametrize("policy", [{}, {"attention": "split"}, {"rows_min_batch": 2, "rows_target_programs": 1000},
-                                    {"batched": "cuda"}, {"attention": "auto", "split_min_cache": 8}],
-                         ids=["defaults", "split-attention", "split-k", "cuda-batch", "auto-attention"])
+                                    {"batched": "cuda"}, {"attention": "auto", "split_min_cache": 8},
+                                    {"attention": "split", "split_combine": "kernel"}],
+                         ids=["defaults", "split-attention", "split-k", "cuda-batch", "auto-attention",
+                              "split-combine-kernel"])
 def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch, policy):
     from inferlab.model.registry import load_model
 
@@ -415,8 +424,8 @@ def test_every_kernel_compiles_for_hopper_without_spilling():
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    for kernel in ("_gemv_kernel", "_gemv_rows_kernel", "_attention_decode_kernel", "_attention_split_kernel",
-                   "_greedy_step_kernel"):
+    for kernel in ("_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel", "_attention_decode_kernel",
+                   "_attention_split_kernel", "_attention_combine_kernel", "_greedy_step_kernel"):
         assert any(kernel in line for line in lines), kernel
     assert all("local     0 B" in line for line in lines)
 

@@ -73,10 +73,17 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         group = heads // kv_heads
         g_pad = 1 << (group - 1).bit_length()
         for block_t in (16, 32):
-            flags = dict(NH=heads, KVH=kv_heads, HD=64, G=group, G_PAD=g_pad, SPLITS=kernels.MAX_SPLITS, BLOCK_T=block_t,
-                         CHUNK=kernels.combine_chunk(kernels.MAX_SPLITS, g_pad, 64), PDL=True)
-            cases.append((f"split attention {label} tile {block_t}", kernels._attention_split_kernel, split, flags,
-                          dict(num_warps=4)))
+            for combine in (True, False):
+                flags = dict(NH=heads, KVH=kv_heads, HD=64, G=group, G_PAD=g_pad, SPLITS=kernels.MAX_SPLITS,
+                             BLOCK_T=block_t, CHUNK=kernels.combine_chunk(kernels.MAX_SPLITS, g_pad, 64),
+                             COMBINE=combine, PDL=True)
+                cases.append((f"split attention {label} tile {block_t}{'' if combine else ' partials'}",
+                              kernels._attention_split_kernel, split, flags, dict(num_warps=4)))
+        for splits in (8, kernels.MAX_SPLITS):
+            flags = dict(NH=heads, KVH=kv_heads, HD=64, G=group, G_PAD=g_pad, SPLITS=splits, PDL=True)
+            cases.append((f"split combine {label} {splits} ranges", kernels._attention_combine_kernel,
+                          dict(part_acc_ptr=fp32, part_best_ptr=fp32, part_total_ptr=fp32, out_ptr=bf16), flags,
+                          dict(num_warps=2)))
     for one_row in (True, False):
         flags = dict(V=32000, H=2048, BLOCK_V=kernels.GREEDY_BLOCK_V, BLOCK_H=1024, ONE_ROW=one_row)
         cases.append((f"greedy step {'one row' if one_row else 'rows'}", kernels._greedy_step_kernel, greedy, flags,

@@ -60,6 +60,7 @@ GREEDY_BLOCK_V, GREEDY_WARPS = 8192, 16
 
 
 ATTENTION_KERNELS = {"head": "attention_decode", "split": "attention_decode_split"}
+SPLIT_COMBINES = ("last", "kernel")
 
 ROWS_GEMV = LaunchConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # measured at batch 4 on the H200
 
@@ -92,10 +93,16 @@ class LaunchPolicy:
     split_positions: int = SPLIT_POSITIONS
     max_splits: int = MAX_SPLITS
     split_min_cache: int = 1024
+    # who combines the split attention's ranges: "last", the last program of each KV head to
+    # finish, in the same kernel (one loop over the ranges, CHUNK at a time); "kernel", a second
+    # kernel with one program per query head, all ranges loaded at once
+    split_combine: str = "last"
 
     def __post_init__(self) -> None:
         if self.batched not in ("tensor", "cuda"):
             raise ValueError(f"batched must be 'tensor' or 'cuda', not {self.batched!r}")
+        if self.split_combine not in SPLIT_COMBINES:
+            raise ValueError(f"split_combine must be one of {list(SPLIT_COMBINES)}, not {self.split_combine!r}")
         if self.attention not in (*ATTENTION_KERNELS, "auto"):
             raise ValueError(f"attention must be one of {sorted((*ATTENTION_KERNELS, 'auto'))}, not {self.attention!r}")
 
@@ -639,7 +646,7 @@ def _attention_split_kernel(
     part_acc_ptr, part_best_ptr, part_total_ptr, arrivals_ptr,
     stride_cm, stride_ch, stride_ct, scale,
     NH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
-    SPLITS: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, PDL: tl.constexpr,
+    SPLITS: tl.constexpr, BLOCK_T: tl.constexpr, CHUNK: tl.constexpr, COMBINE: tl.constexpr, PDL: tl.constexpr,
 ):
     """Split over the context (flash-decoding), one program per (row m, KV head, split).
 
@@ -650,7 +657,8 @@ def _attention_split_kernel(
     counts itself in `arrivals`. The program that arrives last combines the SPLITS partial
     results and resets the count to 0 for the next launch: no second kernel. It loads them as
     whole tiles (every range's maximum and normalizer at once, the weighted sums CHUNK ranges at
-    a time), so the combine waits on a few memory round trips, not two per range.
+    a time), so the combine waits on a few memory round trips, not two per range. Without
+    COMBINE the programs only store their partial results, for `_attention_combine_kernel`.
     """
     pid = tl.program_id(0)
     split = pid % SPLITS
@@ -709,6 +717,8 @@ def _attention_split_kernel(
     tl.store(part_best_ptr + part, best)
     tl.store(part_total_ptr + part, total)
     tl.store(part_acc_ptr + part[:, None] * HD + d[None, :], acc)
+    if not COMBINE:
+        return
     tl.debug_barrier()  # every thread's partial results are written before the count says so
     arrived = tl.atomic_add(arrivals_ptr + group, 1, sem="acq_rel")
     if arrived == SPLITS - 1:  # the last of this group's programs: combine
@@ -727,6 +737,36 @@ def _attention_split_kernel(
         out_at = out_ptr + m * NH * HD + heads[:, None] * HD + d[None, :]
         tl.store(out_at, (out / norm[:, None]).to(dtype), mask=head_ok[:, None])
         tl.atomic_xchg(arrivals_ptr + group, 0)
+
+
+@triton.jit
+def _attention_combine_kernel(
+    part_acc_ptr, part_best_ptr, part_total_ptr, out_ptr,
+    NH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, G: tl.constexpr, G_PAD: tl.constexpr,
+    SPLITS: tl.constexpr, PDL: tl.constexpr,
+):
+    """One program per (row m, query head h): the SPLITS partial results of `_attention_split_kernel`
+    (run without COMBINE) loaded at once and merged, softmax-weighted by each range's maximum.
+
+    Every program waits on one memory round trip, whatever SPLITS is; an empty range has
+    maximum -inf and weighs 0 (range 0 always holds the new token, so the maximum is finite).
+    """
+    pid = tl.program_id(0)
+    m = pid // NH
+    h = pid % NH
+    group = m * KVH + h // G
+    r = tl.arange(0, SPLITS)
+    d = tl.arange(0, HD)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()  # the partial results come from the previous kernel
+    at = (group * SPLITS + r) * G_PAD + h % G  # [SPLITS]
+    best = tl.load(part_best_ptr + at)
+    total = tl.load(part_total_ptr + at)
+    parts = tl.load(part_acc_ptr + at[:, None] * HD + d[None, :])  # [SPLITS, HD]
+    weight = tl.exp(best - tl.max(best, axis=0))
+    out = tl.sum(weight[:, None] * parts, axis=0) / tl.sum(weight * total, axis=0)
+    tl.store(out_ptr + m * NH * HD + h * HD + d, out.to(out_ptr.dtype.element_ty))
 
 
 def _split_scratch(device: torch.device, groups: int, splits: int, g_pad: int, hd: int) -> tuple:
@@ -767,10 +807,13 @@ def attention_decode_split(
     splits: int | None = None,
     pdl: bool | None = None,
     chunk: int | None = None,
+    combine: str = "last",
 ) -> torch.Tensor:
     """Same contract as `inferlab.fast.spec.attention_decode`, split over the context (see
     `_attention_split_kernel`); `splits` defaults to `attention_splits(cache length)`, `chunk`
-    (ranges combined at once, a power of two dividing `splits`) to `combine_chunk`."""
+    (ranges combined at once, a power of two dividing `splits`) to `combine_chunk`. `combine`
+    "last": the ranges are combined in the kernel; "kernel": by `_attention_combine_kernel`."""
+    assert combine in SPLIT_COMBINES, combine
     out = _attention_output(qkv, cos, sin, k_cache, v_cache, num_heads)
     M, hd = qkv.shape[0], k_cache.shape[-1]
     group = num_heads // num_kv_heads
@@ -784,9 +827,15 @@ def attention_decode_split(
         qkv, cos, sin, position, k_cache, v_cache, out, part_acc, part_best, part_total, arrivals,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hd**-0.5,
         NH=num_heads, KVH=num_kv_heads, HD=hd, G=group, G_PAD=g_pad, SPLITS=splits, BLOCK_T=block_t,
-        CHUNK=chunk, PDL=pdl,
+        CHUNK=chunk, COMBINE=combine == "last", PDL=pdl,
         num_warps=4, **_launch_options(pdl),
     )
+    if combine == "kernel":
+        _attention_combine_kernel[(M * num_heads,)](
+            part_acc, part_best, part_total, out,
+            NH=num_heads, KVH=num_kv_heads, HD=hd, G=group, G_PAD=g_pad, SPLITS=splits, PDL=pdl,
+            num_warps=2, **_launch_options(pdl),
+        )
     return out
 
 
@@ -866,7 +915,8 @@ class Kernels:
         policy = self.policy
         if policy.attention_for(k_cache.shape[2]) == "split":
             splits = attention_splits(k_cache.shape[2], policy.split_positions, policy.max_splits)
-            return attention_decode_split(*operands, block_t=policy.split_block_t, splits=splits, pdl=self.pdl)
+            return attention_decode_split(*operands, block_t=policy.split_block_t, splits=splits, pdl=self.pdl,
+                                          combine=policy.split_combine)
         return attention_decode(*operands, pdl=self.pdl)
 
     def greedy_step(self, *args, **kwargs) -> None:

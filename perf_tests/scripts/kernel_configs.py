@@ -161,9 +161,12 @@ def step_tpot(loaded, measured, options: FastOptions, label: str, batch_size: in
 # The attention kernels compared: one program per query head, and the split kernel with a few
 # tile sizes (positions per tile) and range lengths (cache positions per range of the context).
 SPLIT_POLICIES = {"head": ops.LaunchPolicy()} | {
-    f"split t{block_t} r{positions}": ops.LaunchPolicy(attention="split", split_block_t=block_t, split_positions=positions)
-    for block_t, positions in ((16, 16), (16, 32), (16, 64), (32, 32), (32, 64), (32, 128))
-}
+    f"split t{block_t} r{positions}{combine}": ops.LaunchPolicy(
+        attention="split", split_block_t=block_t, split_positions=positions,
+        split_combine="kernel" if combine else "last")
+    for block_t, positions, combine in ((16, 16, ""), (16, 32, ""), (16, 64, ""), (32, 32, ""), (32, 64, ""),
+                                        (32, 128, ""), (16, 16, " c"), (16, 32, " c"), (32, 64, " c"))
+}  # " c": the ranges combined by the second kernel (`split_combine="kernel"`), not in the kernel
 # (batch, position, cache): short and long contexts, and a prompt of 128 in the 1024-position cache
 # that 500 new tokens need (the default sweep's longest case), early and late in its decode
 ATTENTION_CASES = [(1, 128, 256), (1, 128, 1024), (1, 600, 1024), (1, 1024, 2048), (1, 1920, 2048), (8, 128, 256),
@@ -201,7 +204,7 @@ def attention_variants(loaded, measured, pdl: bool, variants=None) -> dict:
     steps = []
     for prompt_length, output_length in STEP_SHAPES:
         for name, prefill, compiled in variants or STEP_VARIANTS:
-            options = FastOptions(compile=True, graphs=True, triton=True, launch=ops.LaunchPolicy(attention=name),
+            options = FastOptions(compile=True, graphs=True, triton=True, launch=STEP_ATTENTION[name],
                                   prefill_attention=prefill, prefill_compile=compiled)
             label = (f"decode attention {name}, prefill attention {prefill}, prefill compiled per {compiled}, "
                      f"prompt {prompt_length}, {output_length} new")
@@ -213,9 +216,15 @@ def attention_variants(loaded, measured, pdl: bool, variants=None) -> dict:
 
 # (decode attention, prefill attention, prefill compiled per): the engine as it was (the whole
 # prefill compiled, matmul attention), each change alone, the split attention, and the choice by
-# cache length ("auto": split from 1024 cached positions).
+# cache length ("auto": split from 1024 cached positions); "split2" and "auto2" the same with the
+# ranges combined by a second kernel.
+STEP_ATTENTION = {"head": ops.LaunchPolicy(), "split": ops.LaunchPolicy(attention="split"),
+                  "auto": ops.LaunchPolicy(attention="auto"),
+                  "split2": ops.LaunchPolicy(attention="split", split_combine="kernel"),
+                  "auto2": ops.LaunchPolicy(attention="auto", split_combine="kernel")}
 STEP_VARIANTS = [("head", "matmul", "model"), ("head", "flash", "model"), ("head", "flash", "layer"),
-                 ("split", "flash", "layer"), ("auto", "flash", "layer")]
+                 ("split", "flash", "layer"), ("auto", "flash", "layer"), ("split2", "flash", "layer"),
+                 ("auto2", "flash", "layer")]
 # (prompt, new tokens): caches of 256, 1024 (the default sweep's N = 500) and 2048 positions
 STEP_SHAPES = [(128, 128), (128, 500), (1920, 128)]
 
