@@ -248,7 +248,7 @@ def test_the_launch_policy_chooses_the_attention_kernel_and_its_ranges(kernels, 
     launched = []
     for name in ("attention_decode", "attention_decode_split"):
         monkeypatch.setattr(kernels, name, lambda *a, name=name, **k: launched.append(
-            (name, k.get("splits"), k.get("combine"))))
+            (name, k.get("splits"), k.get("combine"), k.get("block_t"))))
     cache = torch.zeros(1, 2, 512, 16)
     operands = (None, None, None, None, cache, cache, 4, 2)
     kernels.Kernels().attention_decode(*operands)
@@ -257,10 +257,11 @@ def test_the_launch_policy_chooses_the_attention_kernel_and_its_ranges(kernels, 
     kernels.Kernels(policy=kernels.LaunchPolicy(attention="auto", split_min_cache=512)).attention_decode(*operands)
     kernels.Kernels(policy=kernels.LaunchPolicy(attention="auto", split_min_cache=513)).attention_decode(*operands)
     kernels.Kernels(policy=kernels.LaunchPolicy(attention="split", split_combine="kernel")).attention_decode(*operands)
-    split = "attention_decode_split"
-    assert launched == [(kernels.DEFAULT_POLICY.attention_kernel(512), None, None), (split, 16, "last"),
-                        (split, 4, "last"), (split, 16, "last"), ("attention_decode", None, None),
-                        (split, 16, "kernel")]
+    kernels.Kernels(policy=kernels.LaunchPolicy(head_block_t=32)).attention_decode(*operands)
+    split, head, t = "attention_decode_split", "attention_decode", kernels.SPLIT_BLOCK_T
+    assert launched == [(kernels.DEFAULT_POLICY.attention_kernel(512), None, None, kernels.ATTENTION_BLOCK_T),
+                        (split, 16, "last", t), (split, 4, "last", t), (split, 16, "last", t),
+                        (head, None, None, kernels.ATTENTION_BLOCK_T), (split, 16, "kernel", t), (head, None, None, 32)]
     with pytest.raises(ValueError, match="attention"):
         kernels.LaunchPolicy(attention="flash")
     with pytest.raises(ValueError, match="split_combine"):

@@ -89,6 +89,7 @@ class LaunchPolicy:
     # of the context, combined in the kernel (`attention_decode_split`), with these tiles and ranges;
     # "auto": "split" for a cache of at least `split_min_cache` positions, else "head"
     attention: str = "head"
+    head_block_t: int = ATTENTION_BLOCK_T  # cached positions per step of the per-head kernel's loop
     split_block_t: int = SPLIT_BLOCK_T
     split_positions: int = SPLIT_POSITIONS
     max_splits: int = MAX_SPLITS
@@ -917,7 +918,7 @@ class Kernels:
             splits = attention_splits(k_cache.shape[2], policy.split_positions, policy.max_splits)
             return attention_decode_split(*operands, block_t=policy.split_block_t, splits=splits, pdl=self.pdl,
                                           combine=policy.split_combine)
-        return attention_decode(*operands, pdl=self.pdl)
+        return attention_decode(*operands, block_t=policy.head_block_t, pdl=self.pdl)
 
     def greedy_step(self, *args, **kwargs) -> None:
         greedy_step(*args, **kwargs)

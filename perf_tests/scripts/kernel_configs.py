@@ -160,7 +160,8 @@ def step_tpot(loaded, measured, options: FastOptions, label: str, batch_size: in
 
 # The attention kernels compared: one program per query head, and the split kernel with a few
 # tile sizes (positions per tile) and range lengths (cache positions per range of the context).
-SPLIT_POLICIES = {"head": ops.LaunchPolicy()} | {
+SPLIT_POLICIES = {"head": ops.LaunchPolicy(), "head t64": ops.LaunchPolicy(head_block_t=64),
+                  "head t32": ops.LaunchPolicy(head_block_t=32)} | {
     f"split t{block_t} r{positions}{combine}": ops.LaunchPolicy(
         attention="split", split_block_t=block_t, split_positions=positions,
         split_combine="kernel" if combine else "last")
