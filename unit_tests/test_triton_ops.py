@@ -191,14 +191,19 @@ def attention_inputs(M, heads, kv_heads, hd, T, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("position", [0, 5, 11])
-def test_attention_kernel_matches_the_specification_and_writes_the_cache(kernels, dtype, position):
-    M, heads, kv_heads, hd, T = 2, 4, 2, 16, 12
+@pytest.mark.parametrize("range_positions", [0, 4, 8])  # 0: one program per head; else ranges merged after
+@pytest.mark.parametrize("heads", [4, 6])  # GQA groups of 2; of 3 (padded to 4 in the ranges' partial results)
+def test_attention_kernel_matches_the_specification_and_writes_the_cache(kernels, dtype, position, range_positions,
+                                                                          heads):
+    M, kv_heads, hd, T = 2, 2, 16, 12
     qkv, cos, sin, k_cache, v_cache = attention_inputs(M, heads, kv_heads, hd, T, dtype)
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
     at = torch.tensor([position], device=DEVICE)
     expected = decode_ops.attention_decode(qkv, cos, sin, at, expected_k, expected_v, heads, kv_heads)
-    # block_t 4 < position: the loop over cached positions runs several masked blocks
-    ours = kernels.attention_decode(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads, block_t=4)
+    # block_t 4 < position: the loop over cached positions runs several masked blocks; ranges of 4
+    # or 8 positions: 4 or 2 ranges (12 cached positions), empty ones past the position
+    ours = kernels.attention_decode(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads, block_t=4,
+                                    range_positions=range_positions)
     assert_same_function(ours, expected)
     assert_same_function(k_cache, expected_k)
     assert torch.equal(v_cache, expected_v)  # v is stored as given, no arithmetic
@@ -248,7 +253,7 @@ def test_the_launch_policy_chooses_the_attention_kernel_and_its_ranges(kernels, 
     launched = []
     for name in ("attention_decode", "attention_decode_split"):
         monkeypatch.setattr(kernels, name, lambda *a, name=name, **k: launched.append(
-            (name, k.get("splits"), k.get("combine"), k.get("block_t"))))
+            (name, k.get("splits"), k.get("combine"), k.get("block_t"), k.get("range_positions"))))
     cache = torch.zeros(1, 2, 512, 16)
     operands = (None, None, None, None, cache, cache, 4, 2)
     kernels.Kernels().attention_decode(*operands)
@@ -258,10 +263,12 @@ def test_the_launch_policy_chooses_the_attention_kernel_and_its_ranges(kernels, 
     kernels.Kernels(policy=kernels.LaunchPolicy(attention="auto", split_min_cache=513)).attention_decode(*operands)
     kernels.Kernels(policy=kernels.LaunchPolicy(attention="split", split_combine="kernel")).attention_decode(*operands)
     kernels.Kernels(policy=kernels.LaunchPolicy(head_block_t=32)).attention_decode(*operands)
-    split, head, t = "attention_decode_split", "attention_decode", kernels.SPLIT_BLOCK_T
-    assert launched == [(kernels.DEFAULT_POLICY.attention_kernel(512), None, None, kernels.ATTENTION_BLOCK_T),
-                        (split, 16, "last", t), (split, 4, "last", t), (split, 16, "last", t),
-                        (head, None, None, kernels.ATTENTION_BLOCK_T), (split, 16, "kernel", t), (head, None, None, 32)]
+    kernels.Kernels(policy=kernels.LaunchPolicy(head_block_t=32, head_range=256)).attention_decode(*operands)
+    split, head, t, h = "attention_decode_split", "attention_decode", kernels.SPLIT_BLOCK_T, kernels.ATTENTION_BLOCK_T
+    assert launched == [(kernels.DEFAULT_POLICY.attention_kernel(512), None, None, h, 0),
+                        (split, 16, "last", t, None), (split, 4, "last", t, None), (split, 16, "last", t, None),
+                        (head, None, None, h, 0), (split, 16, "kernel", t, None), (head, None, None, 32, 0),
+                        (head, None, None, 32, 256)]
     with pytest.raises(ValueError, match="attention"):
         kernels.LaunchPolicy(attention="flash")
     with pytest.raises(ValueError, match="split_combine"):
@@ -321,9 +328,9 @@ def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
 @pytest.mark.parametrize("batch", [2, 4])  # GEMVs of one program per row; the tensor-core kernel
 @pytest.mark.parametrize("policy", [{}, {"attention": "split"}, {"rows_min_batch": 2, "rows_target_programs": 1000},
                                     {"batched": "cuda"}, {"attention": "auto", "split_min_cache": 8},
-                                    {"attention": "split", "split_combine": "kernel"}],
+                                    {"attention": "split", "split_combine": "kernel"}, {"head_block_t": 4, "head_range": 8}],
                          ids=["defaults", "split-attention", "split-k", "cuda-batch", "auto-attention",
-                              "split-combine-kernel"])
+                              "split-combine-kernel", "head-ranges"])
 def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch, policy):
     from inferlab.model.registry import load_model
 

@@ -68,10 +68,14 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
             cases.append((f"batch {rows} rows {n}x{k}", kernels._gemv_batch_kernel, gemv, flags,
                           dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     for heads, kv_heads, label in ((32, 4, "TinyLlama"), (9, 3, "SmolLM2")):
-        cases.append((f"attention {label}", kernels._attention_decode_kernel, attention,
-                      dict(NH=heads, KVH=kv_heads, HD=64, BLOCK_T=kernels.ATTENTION_BLOCK_T, PDL=True), dict(num_warps=4)))
         group = heads // kv_heads
         g_pad = 1 << (group - 1).bit_length()
+        head = dict(attention, part_acc_ptr=fp32, part_best_ptr=fp32, part_total_ptr=fp32)
+        for positions, ranges in ((0, 1), (256, 8)):  # one program per head; ranges of 256 positions
+            flags = dict(NH=heads, KVH=kv_heads, HD=64, BLOCK_T=kernels.ATTENTION_BLOCK_T, RANGE=positions,
+                         RANGES=ranges, G_PAD=g_pad, PDL=True)
+            cases.append((f"attention {label}{f' ranges of {positions}' if positions else ''}",
+                          kernels._attention_decode_kernel, head, flags, dict(num_warps=4)))
         for block_t in (16, 32):
             for combine in (True, False):
                 flags = dict(NH=heads, KVH=kv_heads, HD=64, G=group, G_PAD=g_pad, SPLITS=kernels.MAX_SPLITS,

@@ -90,6 +90,9 @@ class LaunchPolicy:
     # "auto": "split" for a cache of at least `split_min_cache` positions, else "head"
     attention: str = "head"
     head_block_t: int = ATTENTION_BLOCK_T  # cached positions per step of the per-head kernel's loop
+    # > 0: the per-head kernel cuts the context into ranges of this many positions, merged by a
+    # second kernel (`attention_decode`'s range_positions)
+    head_range: int = 0
     split_block_t: int = SPLIT_BLOCK_T
     split_positions: int = SPLIT_POSITIONS
     max_splits: int = MAX_SPLITS
@@ -534,28 +537,38 @@ def _attend(keys, values, valid, q, scale, best, total, acc):
 @triton.jit
 def _attention_decode_kernel(
     qkv_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, out_ptr,
+    part_acc_ptr, part_best_ptr, part_total_ptr,
     stride_cm, stride_ch, stride_ct, scale,
-    NH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
+    NH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, BLOCK_T: tl.constexpr,
+    RANGE: tl.constexpr, RANGES: tl.constexpr, G_PAD: tl.constexpr, PDL: tl.constexpr,
 ):
     """One (row m, query head h): RoPE on q and k, cache write, softmax(q K^T) V over [0, pos].
 
     The position, the RoPE tables and the first BLOCK_T cached positions are read before waiting
     on the previous kernel: they were written before the step began (see `attention_decode`).
+    With RANGE > 0 each (m, h) has RANGES programs, program r taking the positions
+    [r RANGE, (r + 1) RANGE) (range 0 also the new token); ranges past the position are empty.
+    Each stores its running maximum, normalizer and weighted sum (an empty range: -inf, 0, 0) in
+    the split attention's layout, for `_attention_combine_kernel`.
     """
     pid = tl.program_id(0)
-    m = pid // NH
-    h = pid % NH
-    kv = h // (NH // KVH)
+    r = pid % RANGES if RANGE else 0
+    m = pid // (NH * RANGES)
+    h = (pid // RANGES) % NH
+    G: tl.constexpr = NH // KVH
+    kv = h // G
     HALF: tl.constexpr = HD // 2
     dtype = k_ptr.dtype.element_ty
     d = tl.arange(0, HD)
     partner = (d + HALF) % HD
     pos = tl.load(pos_ptr)
+    t_begin = r * RANGE
+    t_end = tl.minimum(t_begin + RANGE, pos) if RANGE else pos
     cos = tl.load(cos_ptr + pos * HD + d).to(tl.float32)
     sin = tl.load(sin_ptr + pos * HD + d).to(tl.float32)
     cache_at = m * stride_cm + kv * stride_ch
-    t = tl.arange(0, BLOCK_T)
-    valid = t < pos
+    t = t_begin + tl.arange(0, BLOCK_T)
+    valid = t < t_end
     at = cache_at + t[:, None] * stride_ct + d[None, :]
     keys = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
     values = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
@@ -569,24 +582,41 @@ def _attention_decode_kernel(
     k_at = row + (NH + kv) * HD
     k = _rope(tl.load(k_at + d).to(tl.float32), tl.load(k_at + partner).to(tl.float32), cos, sin, d, HALF).to(dtype)
     v = tl.load(row + (NH + KVH + kv) * HD + d).to(dtype)
-    if h % (NH // KVH) == 0:  # one writer per KV head; readers take the new token from registers
+    writer = h % G == 0  # one writer per KV head; readers take the new token from registers
+    if RANGE:
+        writer = writer & (r == 0)
+    if writer:
         tl.store(k_ptr + cache_at + pos * stride_ct + d, k)
         tl.store(v_ptr + cache_at + pos * stride_ct + d, v)
-    # Online softmax, starting from the new token's own score.
+    # Online softmax, starting from the new token's own score (ranges after the first: from nothing).
     best = tl.sum(q * k.to(tl.float32), axis=0) * scale
     total = best * 0.0 + 1.0
     acc = v.to(tl.float32)
-    best, total, acc = _attend(keys, values, valid, q, scale, best, total, acc)
-    t0 = BLOCK_T
-    while t0 < pos:  # a while loop: its bound is read on the device (a `range` here breaks the interpreter)
+    if RANGE:
+        first = r == 0
+        best = tl.where(first, best, float("-inf"))
+        total = tl.where(first, total, 0.0)
+        acc = tl.where(first, acc, 0.0)
+        if t_begin < t_end:  # an empty range stays (-inf, 0, 0): nothing to rescale
+            best, total, acc = _attend(keys, values, valid, q, scale, best, total, acc)
+    else:
+        best, total, acc = _attend(keys, values, valid, q, scale, best, total, acc)
+    t0 = t_begin + BLOCK_T
+    while t0 < t_end:  # a while loop: its bound is read on the device (a `range` here breaks the interpreter)
         t = t0 + tl.arange(0, BLOCK_T)
-        valid = t < pos
+        valid = t < t_end
         at = cache_at + t[:, None] * stride_ct + d[None, :]
         keys = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
         values = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
         best, total, acc = _attend(keys, values, valid, q, scale, best, total, acc)
         t0 += BLOCK_T
-    tl.store(out_ptr + m * NH * HD + h * HD + d, (acc / total).to(dtype))
+    if RANGE:
+        part = ((m * KVH + kv) * RANGES + r) * G_PAD + h % G
+        tl.store(part_best_ptr + part, best)
+        tl.store(part_total_ptr + part, total)
+        tl.store(part_acc_ptr + part * HD + d, acc)
+    else:
+        tl.store(out_ptr + m * NH * HD + h * HD + d, (acc / total).to(dtype))
 
 
 def _attention_output(qkv, cos, sin, k_cache, v_cache, num_heads: int) -> torch.Tensor:
@@ -608,6 +638,7 @@ def attention_decode(
     num_kv_heads: int,
     block_t: int = ATTENTION_BLOCK_T,
     pdl: bool | None = None,
+    range_positions: int = 0,
 ) -> torch.Tensor:
     """Same contract as `inferlab.fast.spec.attention_decode`; reads `position` on the device.
 
@@ -615,16 +646,36 @@ def attention_decode(
     ahead of the previous kernel's end: no kernel still running may write them. A decode step
     satisfies this when it starts after a full dependency (a CUDA graph replay, or a kernel
     launched without PDL such as `greedy_step`), since within a step only the new row is written.
+
+    `range_positions` > 0 (a multiple of `block_t`) cuts each head's context into ranges of that
+    many positions, one program each (as many ranges as the cache holds, rounded up to a power of
+    two, those past the position empty), and `_attention_combine_kernel` merges them: a long
+    context is read by many programs at once, a short one by range 0 alone.
     """
     out = _attention_output(qkv, cos, sin, k_cache, v_cache, num_heads)
     M, hd = qkv.shape[0], k_cache.shape[-1]
     pdl = _use_pdl(qkv.device, pdl)
-    _attention_decode_kernel[(M * num_heads,)](
-        qkv, cos, sin, position, k_cache, v_cache, out,
+    group = num_heads // num_kv_heads
+    g_pad = triton.next_power_of_2(group)
+    ranges = 1
+    if range_positions:
+        assert range_positions % block_t == 0, (range_positions, block_t)  # whole tiles per range
+        ranges = triton.next_power_of_2(-(-k_cache.shape[2] // range_positions))
+        part_acc, part_best, part_total, _ = _split_scratch(qkv.device, M * num_kv_heads, ranges, g_pad, hd)
+    else:
+        part_acc = part_best = part_total = out  # not read or written without ranges
+    _attention_decode_kernel[(M * num_heads * ranges,)](
+        qkv, cos, sin, position, k_cache, v_cache, out, part_acc, part_best, part_total,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hd**-0.5,
-        NH=num_heads, KVH=num_kv_heads, HD=hd, BLOCK_T=block_t, PDL=pdl,
-        num_warps=4, **_launch_options(pdl),
+        NH=num_heads, KVH=num_kv_heads, HD=hd, BLOCK_T=block_t, RANGE=range_positions, RANGES=ranges, G_PAD=g_pad,
+        PDL=pdl, num_warps=4, **_launch_options(pdl),
     )
+    if range_positions:
+        _attention_combine_kernel[(M * num_heads,)](
+            part_acc, part_best, part_total, out,
+            NH=num_heads, KVH=num_kv_heads, HD=hd, G=group, G_PAD=g_pad, SPLITS=ranges, PDL=pdl,
+            num_warps=2, **_launch_options(pdl),
+        )
     return out
 
 
@@ -918,7 +969,7 @@ class Kernels:
             splits = attention_splits(k_cache.shape[2], policy.split_positions, policy.max_splits)
             return attention_decode_split(*operands, block_t=policy.split_block_t, splits=splits, pdl=self.pdl,
                                           combine=policy.split_combine)
-        return attention_decode(*operands, block_t=policy.head_block_t, pdl=self.pdl)
+        return attention_decode(*operands, block_t=policy.head_block_t, pdl=self.pdl, range_positions=policy.head_range)
 
     def greedy_step(self, *args, **kwargs) -> None:
         greedy_step(*args, **kwargs)
