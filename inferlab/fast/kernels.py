@@ -798,7 +798,8 @@ def _attention_combine_kernel(
     SPLITS: tl.constexpr, PDL: tl.constexpr,
 ):
     """One program per (row m, query head h): the SPLITS partial results of `_attention_split_kernel`
-    (run without COMBINE) loaded at once and merged, softmax-weighted by each range's maximum.
+    (run without COMBINE) or of `_attention_decode_kernel` over ranges, loaded at once and merged,
+    softmax-weighted by each range's maximum.
 
     Every program waits on one memory round trip, whatever SPLITS is; an empty range has
     maximum -inf and weighs 0 (range 0 always holds the new token, so the maximum is finite).
