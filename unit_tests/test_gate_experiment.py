@@ -106,3 +106,9 @@ def test_the_fork_server_runs_each_pytest_in_its_own_child_and_reports_its_exit_
     finally:
         server.close()
     assert server.process.returncode == 0
+
+
+def test_a_fork_server_that_cannot_start_says_so(experiment, tmp_path):
+    (tmp_path / "transformers.py").write_text("raise ImportError('a broken install')\n")  # shadows the real one
+    with pytest.raises(RuntimeError, match="before it was ready"):
+        experiment.ForkServer(dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{ROOT}"))

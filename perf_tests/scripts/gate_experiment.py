@@ -217,8 +217,13 @@ class ForkServer:
     def __init__(self, env: dict):
         self.process = subprocess.Popen([sys.executable, "-c", FORK_SERVER], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
-        if "ready" not in self._reply(600):
-            raise RuntimeError("the fork server did not start")
+        try:
+            ready = self._reply(600)
+        except subprocess.TimeoutExpired:
+            ready = {}
+        if "ready" not in ready:
+            self.process.kill()
+            raise RuntimeError("the fork server exited or hung before it was ready (its error is above)")
 
     def _reply(self, timeout_s: float) -> dict:
         ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
@@ -588,7 +593,11 @@ def main() -> int:
         print(f"resuming {args.out}: settings and delays from {plan_path}", flush=True)
     code = snapshot_code(args.out / "code")
     print(f"code snapshot {args.out / 'code'} (sha256 {code['code_sha256'][:12]}, git {code['git_head'][:12]})", flush=True)
-    args.fork_server = ForkServer(run_env(setup, args.out / "code")) if args.fork else None
+    if args.fork:
+        try:
+            args.fork_server = ForkServer(run_env(setup, args.out / "code"))
+        except RuntimeError as error:
+            print(f"--fork: {error}; each run starts its own process instead", flush=True)
     try:
         return run_experiment(args, setup, plan_path, runs_dir, code, start)
     finally:
