@@ -325,12 +325,15 @@ def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("batch", [2, 4])  # GEMVs of one program per row; the tensor-core kernel
-@pytest.mark.parametrize("policy", [{}, {"attention": "split"}, {"rows_min_batch": 2, "rows_target_programs": 1000},
-                                    {"batched": "cuda"}, {"attention": "auto", "split_min_cache": 8},
-                                    {"attention": "split", "split_combine": "kernel"}, {"head_block_t": 4, "head_range": 8}],
-                         ids=["defaults", "split-attention", "split-k", "cuda-batch", "auto-attention",
-                              "split-combine-kernel", "head-ranges"])
+@pytest.mark.parametrize("batch, policy", [
+    *[(batch, policy) for batch in (2, 4)  # GEMVs of one program per row; the tensor-core kernel
+      for policy in ({}, {"attention": "split"}, {"rows_min_batch": 2, "rows_target_programs": 1000},
+                     {"batched": "cuda"}, {"attention": "auto", "split_min_cache": 8})],
+    # the attention variants merged by the combine kernel: the batch changes nothing in them
+    (2, {"attention": "split", "split_combine": "kernel"}), (2, {"head_block_t": 8, "head_range": 8})],
+    ids=[*[f"{name}-{batch}" for batch in (2, 4) for name in ("defaults", "split-attention", "split-k", "cuda-batch",
+                                                               "auto-attention")],
+         "split-combine-kernel-2", "head-ranges-2"])
 def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch, policy):
     from inferlab.model.registry import load_model
 
