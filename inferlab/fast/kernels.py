@@ -96,7 +96,10 @@ class LaunchPolicy:
     split_block_t: int = SPLIT_BLOCK_T
     split_positions: int = SPLIT_POSITIONS
     max_splits: int = MAX_SPLITS
-    split_min_cache: int = 1024
+    # 2048: on an H100 the per-head kernel was still faster at 600 cached positions (12.9 against
+    # 17.4 us), and a 1024-position cache (prompt 128 + 500 new) decoded faster with it (TPOT 0.99
+    # against 1.12 ms); the split kernel won at 1024 positions and beyond (docs/perf/h100/README.md)
+    split_min_cache: int = 2048
     # who combines the split attention's ranges: "last", the last program of each KV head to
     # finish, in the same kernel (one loop over the ranges, CHUNK at a time); "kernel", a second
     # kernel with one program per query head, all ranges loaded at once

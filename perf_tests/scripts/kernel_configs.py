@@ -219,7 +219,7 @@ def attention_variants(loaded, measured, pdl: bool, variants=None) -> dict:
 
 # (decode attention, prefill attention, prefill compiled per): the engine as it was (the whole
 # prefill compiled, matmul attention), each change alone, the split attention, and the choice by
-# cache length ("auto": split from 1024 cached positions); "split2" and "auto2" the same with the
+# cache length ("auto": split for caches of 2048 positions, `LaunchPolicy.split_min_cache`); "split2" and "auto2" the same with the
 # ranges combined by a second kernel; "ranges": the per-head kernel over ranges of 256 positions.
 STEP_ATTENTION = {"head": ops.LaunchPolicy(), "split": ops.LaunchPolicy(attention="split"),
                   "auto": ops.LaunchPolicy(attention="auto"),
