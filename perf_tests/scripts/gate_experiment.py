@@ -37,7 +37,7 @@ The pytest processes run a copy of the code taken at the start (OUT/code), so ed
 checkout while the experiment runs cannot change what is measured halfway.
 
 `--fork` starts the runs from a server process that has imported torch, transformers, numpy and
-pytest once, then forks a child per run (FORK_SERVER): the child initializes CUDA, loads the model,
+pytest once, then forks a child per run (`inferlab.suite.forked`): the child initializes CUDA, loads the model,
 compiles (from the on-disk caches) and captures its graphs as a fresh process does, so what is
 measured is unchanged; the ~14 s of imports a process spent on an H100 host are paid once. On the
 2-core CPU a tiny-model run went from 5.0-5.5 s to 3.1-3.2 s. Each run's meta says whether it
@@ -55,7 +55,6 @@ import json
 import os
 import platform
 import resource
-import select
 import shutil
 import subprocess
 import sys
@@ -68,6 +67,7 @@ import numpy as np
 
 from inferlab.look import tables
 from inferlab.suite import gate
+from inferlab.suite.forked import ForkServer
 from inferlab.suite.gate import simulate
 from inferlab.suite.gate.judge import judge as judge_all
 from inferlab.errors import UsageError
@@ -176,78 +176,6 @@ def _git(*args: str) -> str:
         return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return ""
-
-
-# The fork server (--fork): imports what every run imports, then forks one child per run. A child
-# initializes CUDA, loads the model, compiles (from the on-disk caches) and captures its graphs on
-# its own, as a fresh process does; only the import time (~14 s a process on an H100 host) is
-# shared. The server never initializes CUDA (torch would refuse it in the children), nor imports
-# Triton (conftest chooses Triton's interpreter before its first import on a CPU).
-FORK_SERVER = r"""
-import json, os, sys
-os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # is_available() without initializing the driver
-import numpy, pytest, pytest_benchmark.plugin, torch, transformers  # noqa: F401
-assert not torch.cuda.is_initialized()
-print(json.dumps({"ready": True}), flush=True)
-for line in sys.stdin:
-    job = json.loads(line)
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.dup2(log, 1)
-            os.dup2(log, 2)
-            os.chdir(job["cwd"])
-            sys.path.insert(0, job["cwd"])
-            code = int(pytest.main(job["args"]))
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    print(json.dumps({"pid": pid}), flush=True)
-    _, status, usage = os.wait4(pid, 0)
-    print(json.dumps({"exit": os.waitstatus_to_exitcode(status), "cpu_s": usage.ru_utime + usage.ru_stime}), flush=True)
-"""
-
-
-class ForkServer:
-    """One server process (FORK_SERVER) that forks a pytest run per request."""
-
-    def __init__(self, env: dict):
-        self.process = subprocess.Popen([sys.executable, "-c", FORK_SERVER], stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True, env=env, cwd=REPO)
-        try:
-            ready = self._reply(600)
-        except subprocess.TimeoutExpired:
-            ready = {}
-        if "ready" not in ready:
-            self.process.kill()
-            raise RuntimeError("the fork server exited or hung before it was ready (its error is above)")
-
-    def _reply(self, timeout_s: float) -> dict:
-        ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
-        line = self.process.stdout.readline() if ready else ""
-        if not line:
-            raise subprocess.TimeoutExpired("fork server", timeout_s)
-        return json.loads(line)
-
-    def run(self, args: list[str], cwd: Path, log: Path, timeout_s: float) -> tuple[int, float]:
-        """pytest `args` in a forked child at `cwd`, its output to `log`: (exit code, the child's CPU seconds)."""
-        self.process.stdin.write(json.dumps({"args": args, "cwd": str(cwd), "log": str(log)}) + "\n")
-        self.process.stdin.flush()
-        pid = self._reply(60)["pid"]
-        try:
-            done = self._reply(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.kill(pid, 9)
-            self._reply(60)
-            raise
-        return done["exit"], done["cpu_s"]
-
-    def close(self) -> None:
-        self.process.stdin.close()
-        self.process.wait(timeout=60)
 
 
 def run_env(setup: Setup, code: Path) -> dict:
@@ -595,7 +523,7 @@ def main() -> int:
     print(f"code snapshot {args.out / 'code'} (sha256 {code['code_sha256'][:12]}, git {code['git_head'][:12]})", flush=True)
     if args.fork:
         try:
-            args.fork_server = ForkServer(run_env(setup, args.out / "code"))
+            args.fork_server = ForkServer(run_env(setup, args.out / "code"), cwd=REPO)
         except RuntimeError as error:
             print(f"--fork: {error}; each run starts its own process instead", flush=True)
     try:
