@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
     ab.add_argument("--suite", default=None,
                     help="command run in each side's worktree; {out} is the run's JSON path, else --benchmark-json={out} "
                          "--benchmark-save-data is appended (default: the CPU perf tests, not the slow ones)")
+    ab.add_argument("--fork", action="store_true",
+                    help="run each pytest run in a child forked from one process that imported torch and transformers "
+                         "once (each run still loads, compiles and measures on its own); revisions only")
     ab.add_argument("--base-cmd", default=None, help="instead of revisions: the base side's command, writing a run to {out}")
     ab.add_argument("--head-cmd", default=None, help="the head side's command")
     ab.add_argument("--threshold", default="5%", help="slowdown that counts, e.g. 5%% or tpot_ms=3%%,default=5%%")
@@ -482,12 +485,17 @@ def cmd_ab(args) -> int:
     from inferlab.suite.gate.stats import CALIBRATION_CONFIDENCE
     from inferlab.suite.gate.load import load_run
     from inferlab.suite.gate.thresholds import parse_thresholds
+    from inferlab.suite.forked import ForkServer
 
     commands = bool(args.base_cmd or args.head_cmd)
     if commands and (args.base or args.head or not (args.base_cmd and args.head_cmd)):
         raise UsageError("ab takes two revisions (inferlab ab BASE HEAD) or both --base-cmd and --head-cmd, not a mix")
     if not commands and not (args.base and args.head):
         raise UsageError("ab needs two revisions: inferlab ab origin/main HEAD (or --base-cmd and --head-cmd)")
+    if commands and args.fork:
+        raise UsageError("--fork runs the --suite pytest command in each worktree: use it with two revisions, "
+                         "not with --base-cmd and --head-cmd")
+    arguments = ab.pytest_arguments(args.suite or ab.DEFAULT_SUITE) if args.fork else None
     plan = ab.Plan(parse_thresholds(args.threshold), args.confidence, args.min_pairs, args.max_pairs, args.max_minutes)
     if commands:
         sides = {"base": args.base_cmd, "head": args.head_cmd}
@@ -497,16 +505,22 @@ def cmd_ab(args) -> int:
         sides = {side: f"{rev} ({revisions[side][:12]})" for side, rev in (("base", args.base), ("head", args.head))}
     folder = new_run_folder(args.out, "ab")
     print(f"ab: runs go to {folder}")
-    trees = {}
+    trees, server = {}, None
     try:
         if revisions is not None:
             trees = ab.add_worktrees(args.repo, revisions, folder)
             suite = args.suite or ab.DEFAULT_SUITE
-            runner = ab.command_runner({side: suite for side in ab.SIDES}, trees, ab.worktree_env(trees), logs=folder)
+            if args.fork:
+                server = ForkServer(dict(os.environ))  # each child puts its worktree first on sys.path
+                runner = ab.forked_runner(server, arguments, trees, folder)
+            else:
+                runner = ab.command_runner({side: suite for side in ab.SIDES}, trees, ab.worktree_env(trees), logs=folder)
         else:
             runner = ab.command_runner(sides, logs=folder)
         outcome = ab.run_ab(runner, plan, folder, on_look=lambda o: print(format_look_line(o), flush=True))
     finally:
+        if server is not None:
+            server.close()
         if trees:
             ab.remove_worktrees(args.repo, trees)
     print(format_outcome(outcome, plan))

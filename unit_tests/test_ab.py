@@ -198,12 +198,45 @@ def test_cli_revisions_run_each_side_from_its_own_worktree(tmp_path, capsys):
     assert len(list(folder.glob("head-*.json"))) == 3 and len(list(folder.glob("head-*.log"))) == 3
 
 
+def test_cli_fork_runs_a_pytest_suite_in_forked_children_from_each_worktree(tmp_path, capsys):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "test_fake.py").write_text(
+        "import time\n"
+        "def test_step(benchmark):\n"
+        "    factor = float(open('factor.txt').read())\n"
+        "    benchmark.pedantic(lambda: time.sleep(0.004 * factor), rounds=10, iterations=1)\n")
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    for factor in ("1.0", "2.0"):
+        (repo / "factor.txt").write_text(factor)
+        subprocess.run([*git, "add", "."], check=True)
+        subprocess.run([*git, "commit", "-qm", f"factor {factor}"], check=True)
+    code = main(["ab", "HEAD~1", "HEAD", "--repo", str(repo), "--fork", "--suite",
+                 f"{sys.executable} -m pytest test_fake.py -q -p no:cacheprovider", "--out", str(tmp_path / "out"),
+                 "--noise-store", str(tmp_path / "store"), "--max-pairs", "5"])
+    assert code == 1  # head sleeps twice as long: FAIL
+    folder, = (tmp_path / "out").iterdir()
+    logs = sorted(folder.glob("head-*.log"))
+    assert len(list(folder.glob("head-*.json"))) == len(logs) >= 3 and "1 passed" in logs[0].read_text()
+
+
+def test_the_fork_needs_a_pytest_suite():
+    assert ab.pytest_arguments("python3 -m pytest perf_tests -m 'perf and not gpu'") == ["perf_tests", "-m", "perf and not gpu"]
+    assert ab.pytest_arguments("pytest -q") == ["-q"]
+    with pytest.raises(UsageError, match="must be `python -m pytest"):
+        ab.pytest_arguments("make bench")
+    with pytest.raises(UsageError, match="leave {out} out"):
+        ab.pytest_arguments("pytest --benchmark-json={out}")
+
+
 @pytest.mark.parametrize("argv, fragment", [
     (["ab"], "needs two revisions"),
     (["ab", "HEAD", "--base-cmd", "x", "--head-cmd", "y"], "not a mix"),
     (["ab", "no-such-rev", "HEAD"], "is not a commit"),
     (["ab", "--base-cmd", "x", "--head-cmd", "y", "--min-pairs", "1"], "at least 2"),
     (["ab", "--base-cmd", "exit 4", "--head-cmd", "exit 4"], "the base suite command failed (exit 4)"),
+    (["ab", "--base-cmd", "x", "--head-cmd", "y", "--fork"], "use it with two revisions"),
 ])
 def test_cli_errors_are_one_line(tmp_path, capsys, argv, fragment):
     assert main([*argv, "--out", str(tmp_path / "out")]) == 2

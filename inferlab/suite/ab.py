@@ -171,6 +171,39 @@ def command_runner(commands: Mapping[str, str], folders: Mapping[str, Path] | No
 
 
 
+def pytest_arguments(suite: str) -> list[str]:
+    """The arguments of a pytest suite command (`python -m pytest ARGS` or `pytest ARGS`), for `forked_runner`."""
+    words = shlex.split(suite)
+    if len(words) >= 3 and Path(words[0]).name.startswith("python") and words[1:3] == ["-m", "pytest"]:
+        arguments = words[3:]
+    elif words and Path(words[0]).name == "pytest":
+        arguments = words[1:]
+    else:
+        raise UsageError(f"--fork runs pytest in a forked child: the suite must be `python -m pytest ...` or "
+                         f"`pytest ...`, not {suite!r}")
+    if any("{out}" in word for word in arguments):
+        raise UsageError("--fork writes each run with --benchmark-json itself: leave {out} out of the suite")
+    return arguments
+
+
+def forked_runner(server, arguments: list[str], folders: Mapping[str, Path], logs: Path,
+                  timeout_s: float = 3600.0) -> Runner:
+    """`command_runner` for a pytest suite, each run in a child of `server` (an `inferlab.suite.forked.ForkServer`)
+    at the side's folder, so that the libraries are imported once, not once per run; its output
+    goes to ``logs/<side>-NNN.log``."""
+    counts = {side: 0 for side in SIDES}
+
+    def run(side: str, path: Path) -> None:
+        counts[side] += 1
+        log = Path(logs) / f"{side}-{counts[side]:03d}.log"
+        code, _ = server.run([*arguments, f"--benchmark-json={Path(path).resolve()}", "--benchmark-save-data"],
+                             folders[side], log, timeout_s)
+        if code != 0 and not Path(path).is_file():
+            raise UsageError(f"the {side} suite failed in its forked run (exit {code}); its output is in {log}")
+
+    return run
+
+
 def resolve_revision(repo: Path, revision: str) -> str:
     """The commit id of `revision` in `repo`; UsageError if git does not know it."""
     done = subprocess.run(["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
@@ -240,4 +273,5 @@ def calibrated_noise(outcome: Outcome, confidence: float = CALIBRATION_CONFIDENC
 
 
 __all__ = ["DEFAULT_SUITE", "Outcome", "Plan", "Runner", "SIDES", "add_worktrees", "calibrated_noise", "command_runner",
+           "forked_runner", "pytest_arguments",
            "measured_noise", "order", "outcome_dict", "remove_worktrees", "resolve_revision", "run_ab", "run_side", "worktree_env"]
