@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from inferlab.cli import main
 from inferlab.errors import UsageError
 from inferlab.suite import ab, gate
 from inferlab.suite.gate import sequential
-from test_gate import SUITE, suite_file
+from test_gate import suite_file
 
 # ----------------------------------------------------------------------------- statistics
 
@@ -149,10 +150,8 @@ open(sys.argv[1], "w").write(json.dumps(run))
 
 
 def fake_script(folder):
-    import pathlib
-
     script = folder / "suite.py"
-    script.write_text(FAKE_SUITE.format(tests=str(pathlib.Path(__file__).parent)))
+    script.write_text(FAKE_SUITE.format(tests=str(Path(__file__).parent)))
     return script
 
 
@@ -179,16 +178,21 @@ def test_cli_two_commands_fail_a_slower_head_and_calibrate_the_noise(tmp_path, c
                  "--noise-store", str(store)]) == 1
 
 
-def test_cli_revisions_run_each_side_from_its_own_worktree(tmp_path, capsys):
-    repo = tmp_path / "repo"
+def two_commit_repo(repo, suite_file: str, suite: str):
+    """A git repository at `repo` holding `suite` as `suite_file`: base commits factor.txt = 1.0, head 2.0."""
     repo.mkdir()
-    fake_script(repo)
+    (repo / suite_file).write_text(suite)
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     for factor in ("1.0", "2.0"):
         (repo / "factor.txt").write_text(factor)
         subprocess.run([*git, "add", "."], check=True)
         subprocess.run([*git, "commit", "-qm", f"factor {factor}"], check=True)
+    return repo
+
+
+def test_cli_revisions_run_each_side_from_its_own_worktree(tmp_path, capsys):
+    repo = two_commit_repo(tmp_path / "repo", "suite.py", FAKE_SUITE.format(tests=str(Path(__file__).parent)))
     code = main(["ab", "HEAD~1", "HEAD", "--repo", str(repo), "--suite", f"{sys.executable} suite.py {{out}}",
                  "--out", str(tmp_path / "out"), "--noise-store", str(tmp_path / "store"), "--max-pairs", "5"])
     assert code == 1
@@ -199,19 +203,11 @@ def test_cli_revisions_run_each_side_from_its_own_worktree(tmp_path, capsys):
 
 
 def test_cli_fork_runs_a_pytest_suite_in_forked_children_from_each_worktree(tmp_path, capsys):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "test_fake.py").write_text(
+    repo = two_commit_repo(tmp_path / "repo", "test_fake.py", (
         "import time\n"
         "def test_step(benchmark):\n"
         "    factor = float(open('factor.txt').read())\n"
-        "    benchmark.pedantic(lambda: time.sleep(0.004 * factor), rounds=10, iterations=1)\n")
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
-    subprocess.run(["git", "init", "-q", str(repo)], check=True)
-    for factor in ("1.0", "2.0"):
-        (repo / "factor.txt").write_text(factor)
-        subprocess.run([*git, "add", "."], check=True)
-        subprocess.run([*git, "commit", "-qm", f"factor {factor}"], check=True)
+        "    benchmark.pedantic(lambda: time.sleep(0.004 * factor), rounds=10, iterations=1)\n"))
     code = main(["ab", "HEAD~1", "HEAD", "--repo", str(repo), "--fork", "--suite",
                  f"{sys.executable} -m pytest test_fake.py -q -p no:cacheprovider", "--out", str(tmp_path / "out"),
                  "--noise-store", str(tmp_path / "store"), "--max-pairs", "5"])
