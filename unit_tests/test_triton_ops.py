@@ -264,11 +264,12 @@ def test_the_launch_policy_chooses_the_attention_kernel_and_its_ranges(kernels, 
     kernels.Kernels(policy=kernels.LaunchPolicy(attention="split", split_combine="kernel")).attention_decode(*operands)
     kernels.Kernels(policy=kernels.LaunchPolicy(head_block_t=32)).attention_decode(*operands)
     kernels.Kernels(policy=kernels.LaunchPolicy(head_block_t=32, head_range=256)).attention_decode(*operands)
+    kernels.Kernels(policy=kernels.LaunchPolicy(head_block_t=32, head_range=512)).attention_decode(*operands)
     split, head, t, h = "attention_decode_split", "attention_decode", kernels.SPLIT_BLOCK_T, kernels.ATTENTION_BLOCK_T
     assert launched == [(kernels.DEFAULT_POLICY.attention_kernel(512), None, None, h, 0),
                         (split, 16, "last", t, None), (split, 4, "last", t, None), (split, 16, "last", t, None),
                         (head, None, None, h, 0), (split, 16, "kernel", t, None), (head, None, None, 32, 0),
-                        (head, None, None, 32, 256)]
+                        (head, None, None, 32, 256), (head, None, None, 32, 0)]  # one range: none
     with pytest.raises(ValueError, match="attention"):
         kernels.LaunchPolicy(attention="flash")
     with pytest.raises(ValueError, match="split_combine"):

@@ -91,7 +91,7 @@ class LaunchPolicy:
     attention: str = "head"
     head_block_t: int = ATTENTION_BLOCK_T  # cached positions per step of the per-head kernel's loop
     # > 0: the per-head kernel cuts the context into ranges of this many positions, merged by a
-    # second kernel (`attention_decode`'s range_positions)
+    # second kernel (`attention_decode`'s range_positions), where the cache holds more than one
     head_range: int = 0
     split_block_t: int = SPLIT_BLOCK_T
     split_positions: int = SPLIT_POSITIONS
@@ -122,6 +122,11 @@ class LaunchPolicy:
     def attention_kernel(self, cache_length: int) -> str:
         """The name of the function in this module that the policy's attention runs for that cache."""
         return ATTENTION_KERNELS[self.attention_for(cache_length)]
+
+    def head_range_for(self, cache_length: int) -> int:
+        """Positions per range of the per-head kernel over a cache of `cache_length` positions: 0
+        (no ranges, no combine kernel) where the cache holds no more than one range."""
+        return self.head_range if self.head_range and cache_length > self.head_range else 0
 
     def gemv_config(self, n: int, k: int, gated: bool) -> LaunchConfig:
         """The launch shape for an [n, k] matrix (n rows per half when gated) at few rows."""
@@ -973,7 +978,8 @@ class Kernels:
             splits = attention_splits(k_cache.shape[2], policy.split_positions, policy.max_splits)
             return attention_decode_split(*operands, block_t=policy.split_block_t, splits=splits, pdl=self.pdl,
                                           combine=policy.split_combine)
-        return attention_decode(*operands, block_t=policy.head_block_t, pdl=self.pdl, range_positions=policy.head_range)
+        return attention_decode(*operands, block_t=policy.head_block_t, pdl=self.pdl,
+                                range_positions=policy.head_range_for(k_cache.shape[2]))
 
     def greedy_step(self, *args, **kwargs) -> None:
         greedy_step(*args, **kwargs)

@@ -163,7 +163,8 @@ def step_tpot(loaded, measured, options: FastOptions, label: str, batch_size: in
 SPLIT_POLICIES = {"head": ops.LaunchPolicy(), "head t64": ops.LaunchPolicy(head_block_t=64),
                   "head t32": ops.LaunchPolicy(head_block_t=32), "head r256": ops.LaunchPolicy(head_range=256),
                   "head t64 r128": ops.LaunchPolicy(head_block_t=64, head_range=128),
-                  "head r512": ops.LaunchPolicy(head_range=512)} | {
+                  "head r512": ops.LaunchPolicy(head_range=512), "head r128": ops.LaunchPolicy(head_range=128),
+                  "head t64 r256": ops.LaunchPolicy(head_block_t=64, head_range=256)} | {
     f"split t{block_t} r{positions}{combine}": ops.LaunchPolicy(
         attention="split", split_block_t=block_t, split_positions=positions,
         split_combine="kernel" if combine else "last")
@@ -220,15 +221,19 @@ def attention_variants(loaded, measured, pdl: bool, variants=None) -> dict:
 # (decode attention, prefill attention, prefill compiled per): the engine as it was (the whole
 # prefill compiled, matmul attention), each change alone, the split attention, and the choice by
 # cache length ("auto": split for caches of 2048 positions, `LaunchPolicy.split_min_cache`); "split2" and "auto2" the same with the
-# ranges combined by a second kernel; "ranges": the per-head kernel over ranges of 256 positions.
+# ranges combined by a second kernel; "ranges", "ranges128": the per-head kernel over ranges of 256
+# or 128 positions (where the cache holds more than one); "t64": its loop 64 positions at a time.
 STEP_ATTENTION = {"head": ops.LaunchPolicy(), "split": ops.LaunchPolicy(attention="split"),
                   "auto": ops.LaunchPolicy(attention="auto"),
                   "split2": ops.LaunchPolicy(attention="split", split_combine="kernel"),
                   "auto2": ops.LaunchPolicy(attention="auto", split_combine="kernel"),
-                  "ranges": ops.LaunchPolicy(head_range=256)}
+                  "ranges": ops.LaunchPolicy(head_range=256), "ranges128": ops.LaunchPolicy(head_range=128),
+                  "t64": ops.LaunchPolicy(head_block_t=64),
+                  "t64ranges128": ops.LaunchPolicy(head_block_t=64, head_range=128)}
 STEP_VARIANTS = [("head", "matmul", "model"), ("head", "flash", "model"), ("head", "flash", "layer"),
                  ("split", "flash", "layer"), ("auto", "flash", "layer"), ("split2", "flash", "layer"),
-                 ("auto2", "flash", "layer"), ("ranges", "flash", "layer")]
+                 ("auto2", "flash", "layer"), ("ranges", "flash", "layer"), ("ranges128", "flash", "layer"),
+                 ("t64", "flash", "layer"), ("t64ranges128", "flash", "layer")]
 # (prompt, new tokens): caches of 256, 1024 (the default sweep's N = 500) and 2048 positions
 STEP_SHAPES = [(128, 128), (128, 500), (1920, 128)]
 
