@@ -266,14 +266,20 @@ def test_the_launch_policy_chooses_the_attention_kernel_and_its_ranges(kernels, 
     kernels.Kernels(policy=kernels.LaunchPolicy(head_block_t=32, head_range=256)).attention_decode(*operands)
     kernels.Kernels(policy=kernels.LaunchPolicy(head_block_t=32, head_range=512)).attention_decode(*operands)
     split, head, t, h = "attention_decode_split", "attention_decode", kernels.SPLIT_BLOCK_T, kernels.ATTENTION_BLOCK_T
-    assert launched == [(kernels.DEFAULT_POLICY.attention_kernel(512), None, None, h, 0),
+    kernels.Kernels(policy=kernels.LaunchPolicy(head_range=0)).attention_decode(*operands)
+    r = kernels.DEFAULT_POLICY.head_range
+    assert launched == [(kernels.DEFAULT_POLICY.attention_kernel(512), None, None, h, r),
                         (split, 16, "last", t, None), (split, 4, "last", t, None), (split, 16, "last", t, None),
-                        (head, None, None, h, 0), (split, 16, "kernel", t, None), (head, None, None, 32, 0),
-                        (head, None, None, 32, 256), (head, None, None, 32, 0)]  # one range: none
+                        (head, None, None, h, r), (split, 16, "kernel", t, None), (head, None, None, 32, r),
+                        (head, None, None, 32, 256), (head, None, None, 32, 0),  # one range: none
+                        (head, None, None, h, 0)]
+    assert r == 128  # the default: ranges of 128 positions (docs/perf/h200/kernels.md)
     with pytest.raises(ValueError, match="attention"):
         kernels.LaunchPolicy(attention="flash")
     with pytest.raises(ValueError, match="split_combine"):
         kernels.LaunchPolicy(split_combine="atomic")
+    with pytest.raises(ValueError, match="head_range must be 0 or a multiple of head_block_t"):
+        kernels.LaunchPolicy(head_block_t=256)  # the default ranges of 128 hold no whole tile
 
 
 def test_attention_specification_is_softmax_attention_over_the_written_cache():

@@ -91,8 +91,11 @@ class LaunchPolicy:
     attention: str = "head"
     head_block_t: int = ATTENTION_BLOCK_T  # cached positions per step of the per-head kernel's loop
     # > 0: the per-head kernel cuts the context into ranges of this many positions, merged by a
-    # second kernel (`attention_decode`'s range_positions), where the cache holds more than one
-    head_range: int = 0
+    # second kernel (`attention_decode`'s range_positions), where the cache holds more than one.
+    # 128: on the H200 the fastest decode step at every context measured (TPOT at prompt 128 + 128
+    # new 0.686 against 0.712 ms without ranges; + 500 new 0.697 against 0.813; prompt 1920 0.761
+    # against 2.185), ahead of ranges of 256 and the split kernel (docs/perf/h200/kernels.md)
+    head_range: int = 128
     split_block_t: int = SPLIT_BLOCK_T
     split_positions: int = SPLIT_POSITIONS
     max_splits: int = MAX_SPLITS
@@ -110,6 +113,9 @@ class LaunchPolicy:
             raise ValueError(f"batched must be 'tensor' or 'cuda', not {self.batched!r}")
         if self.split_combine not in SPLIT_COMBINES:
             raise ValueError(f"split_combine must be one of {list(SPLIT_COMBINES)}, not {self.split_combine!r}")
+        if self.head_range < 0 or self.head_range % self.head_block_t:
+            raise ValueError(f"head_range must be 0 or a multiple of head_block_t ({self.head_block_t}), "
+                             f"not {self.head_range}")
         if self.attention not in (*ATTENTION_KERNELS, "auto"):
             raise ValueError(f"attention must be one of {sorted((*ATTENTION_KERNELS, 'auto'))}, not {self.attention!r}")
 
