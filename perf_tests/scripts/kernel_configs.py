@@ -178,13 +178,14 @@ ATTENTION_CASES = [(1, 128, 256), (1, 128, 1024), (1, 600, 1024), (1, 1024, 2048
                    (8, 1920, 2048)]
 
 
-def attention_variants(loaded, measured, pdl: bool, variants=None) -> dict:
-    """The two attention kernels side by side: each alone (22 layers' caches, replayed in a graph)
-    at short and long contexts, then the whole decode step at prompts 128 and 1920."""
+def attention_variants(loaded, measured, pdl: bool, variants=None, shapes=None, kernel_table: bool = True) -> dict:
+    """The attention kernels side by side: each alone (22 layers' caches, replayed in a graph)
+    at short and long contexts (unless not `kernel_table`), then the whole decode step at each
+    (prompt, new tokens) of `shapes` (default `STEP_SHAPES`)."""
     heads, kv_heads, hd, layers = 32, 4, 64, 22
     device = loaded.device
     kernels = []
-    for batch, position, max_seq in ATTENTION_CASES:
+    for batch, position, max_seq in ATTENTION_CASES if kernel_table else ():
         qkv = torch.randn(batch, (heads + 2 * kv_heads) * hd, device=device, dtype=torch.bfloat16)
         angles = torch.randn(max_seq, hd // 2, device=device)
         angles = torch.cat([angles, angles], dim=-1)
@@ -207,7 +208,7 @@ def attention_variants(loaded, measured, pdl: bool, variants=None) -> dict:
         kernels.append(row)
         del caches
     steps = []
-    for prompt_length, output_length in STEP_SHAPES:
+    for prompt_length, output_length in shapes or STEP_SHAPES:
         for name, prefill, compiled in variants or STEP_VARIANTS:
             options = FastOptions(compile=True, graphs=True, triton=True, launch=STEP_ATTENTION[name],
                                   prefill_attention=prefill, prefill_compile=compiled)
@@ -237,6 +238,17 @@ STEP_VARIANTS = [("head", "matmul", "model"), ("head", "flash", "model"), ("head
                  ("t64", "flash", "layer"), ("t64ranges128", "flash", "layer")]
 # (prompt, new tokens): caches of 256, 1024 (the default sweep's N = 500) and 2048 positions
 STEP_SHAPES = [(128, 128), (128, 500), (1920, 128)]
+
+
+def step_shapes(text: str) -> list[tuple[int, int]]:
+    """--step-shapes 128x128,1920x128 -> [(128, 128), (1920, 128)]: (prompt, new tokens)."""
+    try:
+        shapes = [tuple(int(n) for n in part.split("x")) for part in text.split(",") if part.strip()]
+    except ValueError:
+        shapes = []
+    if not shapes or any(len(shape) != 2 or min(shape) < 1 for shape in shapes):
+        raise argparse.ArgumentTypeError(f"--step-shapes: {text!r} is not PROMPTxNEW[,PROMPTxNEW...], e.g. 128x128,1920x128")
+    return shapes
 
 
 def step_variants(text: str) -> list[tuple[str, str, str]]:
@@ -341,7 +353,12 @@ def main() -> int:
                              "alone and in the decode step at prompts 128 and 1920")
     parser.add_argument("--step-variants", type=step_variants, default=None,
                         help="with --attention-variants: the decode steps to run, as attention/prefill/compiled, e.g. "
-                             "head/matmul/model,split/flash/layer (default: all five)")
+                             "head/matmul/model,split/flash/layer (default: all of them)")
+    parser.add_argument("--step-shapes", type=step_shapes, default=None,
+                        help="with --attention-variants: the decode steps' (prompt, new tokens), e.g. 128x128,1920x128 "
+                             "(default: 128x128,128x500,1920x128)")
+    parser.add_argument("--no-kernel-table", action="store_true",
+                        help="with --attention-variants: only the decode steps, not each kernel alone")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("kernel_configs: needs a CUDA device", file=sys.stderr)
@@ -358,7 +375,8 @@ def main() -> int:
           f"driver {env['driver']} | copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
     if args.attention_variants:
         loaded = load_model("tinyllama-1.1b-random", device, torch.bfloat16)
-        report = attention_variants(loaded, measured, ops.pdl_supported(device) and not args.no_pdl, args.step_variants)
+        report = attention_variants(loaded, measured, ops.pdl_supported(device) and not args.no_pdl, args.step_variants,
+                                    args.step_shapes, kernel_table=not args.no_kernel_table)
         write_json_atomic(out / "attention.json", {"environment": env, "triton": triton.__version__,
                                                    "bandwidth": bandwidth, **report})
         return 0

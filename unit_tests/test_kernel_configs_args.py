@@ -1,0 +1,35 @@
+"""perf_tests/scripts/kernel_configs.py's arguments for the decode steps it times: read or refused in one line."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "perf_tests" / "scripts" / "kernel_configs.py"
+
+
+@pytest.mark.parametrize("argument, message", [
+    ("--step-shapes=128", "is not PROMPTxNEW"), ("--step-shapes=0x128", "is not PROMPTxNEW"),
+    ("--step-shapes=ax1", "is not PROMPTxNEW"), ("--step-variants=head/flash/model2", "unknown"),
+])
+def test_a_bad_step_shape_or_variant_is_refused_in_one_line_before_any_device_work(argument, message):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", "unused", "--attention-variants", argument],
+                          capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=120)
+    assert done.returncode == 2
+    assert message in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_step_shapes_and_variants_are_read_in_order():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import kernel_configs
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    assert kernel_configs.step_shapes("128x128,1920x128") == [(128, 128), (1920, 128)]
+    assert kernel_configs.step_variants("head/matmul/model,ranges128/flash/layer") == [
+        ("head", "matmul", "model"), ("ranges128", "flash", "layer")]
+    # "head" is the kernel without ranges, as the engine ran before ranges became the default
+    assert kernel_configs.STEP_ATTENTION["head"].head_range == 0
+    assert kernel_configs.STEP_ATTENTION["ranges128"] == kernel_configs.ops.DEFAULT_POLICY
