@@ -1,0 +1,191 @@
+"""The fast engine against its targets: every case in one run, beside hf, hf-static and eager.
+
+    PYTHONPATH=. python3 perf_tests/scripts/fast_targets.py --out results/targets
+
+On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests per case:
+
+- the reference shape (`--model`, batch 1, prompt 128, 128 new tokens) for fast, hf, hf-static
+  and eager;
+- the fast engine at each `--batch-sizes`, at prompt `--long-prompt`, with temperature 0.7 and
+  top-p 0.9 sampling, and on `--small-model` (the embedded SmolLM2, real weights) when it loads.
+
+Each target (`TARGETS`) is judged on the p50 of its case: an absolute bound in ms, or a multiple
+of another case's p50. The table says met or missed with both numbers; the JSON keeps every
+case's raw runs. Exit 0 when every case ran (targets met or not), 1 when one failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from inferlab.decode.sampling import SamplingConfig
+from inferlab.fast.engine import FastEngine
+from inferlab.measure import fingerprint, roofline
+from inferlab.measure.bench import BenchConfig, run_benchmark
+from inferlab.model.registry import load_model
+from inferlab.storage import new_run_folder, write_json_atomic
+
+SAMPLED = SamplingConfig(greedy=False, temperature=0.7, top_p=0.9)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured configuration: `name` keys the targets."""
+
+    name: str
+    engine: str
+    model: str
+    batch_size: int = 1
+    prompt_length: int = 128
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+@dataclass(frozen=True)
+class Target:
+    """`metric` (p50 of "tpot_ms" or "ttft_ms") of `case` at most `bound` ms, or at most `bound` x
+    the same metric of `relative_to`."""
+
+    case: str
+    metric: str
+    bound: float
+    relative_to: str | None = None
+
+    def describe(self) -> str:
+        unit = f"x {self.relative_to}" if self.relative_to else "ms"
+        return f"{self.metric.removesuffix('_ms').upper()} <= {self.bound:g} {unit}"
+
+
+def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prompt: int) -> list[Case]:
+    """The reference shape for every engine, then the fast engine's other cases."""
+    found = [Case(f"{engine} b1", engine, model) for engine in ("fast", "hf", "hf-static", "eager")]
+    found += [Case(f"fast b{b}", "fast", model, batch_size=b) for b in batch_sizes if b != 1]
+    found.append(Case(f"fast prompt {long_prompt}", "fast", model, prompt_length=long_prompt))
+    found.append(Case("fast sampled", "fast", model, sampling=SAMPLED))
+    if small_model:
+        found.append(Case(f"fast {small_model}", "fast", small_model))
+    return found
+
+
+def targets(batch_sizes: list[int], long_prompt: int, small_model: str | None) -> list[Target]:
+    """The issue's targets for the cases that `cases` makes (batches of 4, 8 and 16 where run)."""
+    batch_bounds = {4: 0.70, 8: 0.75, 16: 0.80}
+    found = [Target("fast b1", "tpot_ms", 0.60), Target("fast b1", "ttft_ms", 1.5)]
+    found += [Target(f"fast b{b}", "tpot_ms", batch_bounds[b]) for b in batch_sizes if b in batch_bounds]
+    found += [Target(f"fast prompt {long_prompt}", "tpot_ms", 1.15, relative_to="fast b1"),
+              Target(f"fast prompt {long_prompt}", "ttft_ms", 12.0),
+              Target("fast sampled", "tpot_ms", 1.05, relative_to="fast b1")]
+    if small_model:
+        found.append(Target(f"fast {small_model}", "tpot_ms", 0.20))
+    return found
+
+
+def judge(goals: list[Target], p50: dict[str, dict[str, float]]) -> list[dict]:
+    """Each target against the measured p50s (`p50[case][metric]` in ms): met, missed, or not run."""
+    rows = []
+    for goal in goals:
+        measured = p50.get(goal.case, {}).get(goal.metric)
+        reference = p50.get(goal.relative_to, {}).get(goal.metric) if goal.relative_to else 1.0
+        if measured is None or reference is None:
+            rows.append({"target": goal.describe(), "case": goal.case, "measured_ms": measured, "limit_ms": None,
+                         "verdict": "not run"})
+            continue
+        limit = goal.bound * reference
+        rows.append({"target": goal.describe(), "case": goal.case, "measured_ms": measured, "limit_ms": limit,
+                     "ratio": measured / reference if goal.relative_to else None,
+                     "verdict": "met" if measured <= limit else "missed"})
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| case | target | measured p50 | limit | verdict |", "|---|---|---|---|---|"]
+    for row in rows:
+        measured = "-" if row["measured_ms"] is None else f"{row['measured_ms']:.4f} ms"
+        if row.get("ratio") is not None:
+            measured += f" ({row['ratio']:.3f}x)"
+        limit = "-" if row["limit_ms"] is None else f"{row['limit_ms']:.4f} ms"
+        lines.append(f"| {row['case']} | {row['target']} | {measured} | {limit} | **{row['verdict']}** |")
+    return "\n".join(lines)
+
+
+def measure(case: Case, loaded, bandwidth, engine, output_length: int, warmup: int, runs: int) -> dict:
+    bench = BenchConfig(engine=case.engine, prompt_length=case.prompt_length, batch_size=case.batch_size,
+                        output_length=output_length, warmup_runs=warmup, runs=runs, sampling=case.sampling)
+    result = run_benchmark(loaded, bench, bandwidth, engine=engine)
+    summary, fraction = result.summary, result.roofline_summary()["fraction_of_peak"]
+    print(f"{case.name}: TTFT p50 {summary['ttft_ms']['p50']:.3f} ms | TPOT p50 {summary['tpot_ms']['p50']:.4f} p99 "
+          f"{summary['tpot_ms']['p99']:.4f} ms | {'-' if fraction is None else f'{100 * fraction:.1f}'}% of copy "
+          f"bandwidth | prepare {result.prepare_ms / 1e3:.1f} s", flush=True)
+    return result.to_dict()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", default="tinyllama-1.1b-random")
+    parser.add_argument("--small-model", default="smollm2-135m", help="'' to leave it out")
+    parser.add_argument("--batch-sizes", default="1,4,8,16")
+    parser.add_argument("--long-prompt", type=int, default=1920)
+    parser.add_argument("--output-length", type=int, default=128)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--runs", type=int, default=10)
+    parser.add_argument("--device", default="cuda", help="cuda (the real run) or cpu (a smoke test: fp32, no graphs)")
+    args = parser.parse_args()
+    try:
+        batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    except ValueError:
+        batch_sizes = []
+    if not batch_sizes or min(batch_sizes) < 1 or args.long_prompt < 1:
+        print(f"fast_targets: --batch-sizes {args.batch_sizes!r} and --long-prompt {args.long_prompt} must be positive "
+              "integers, e.g. --batch-sizes 1,4,8,16", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("fast_targets: needs a CUDA device (or --device cpu for a smoke test)", file=sys.stderr)
+        return 2
+    out = new_run_folder(args.out, "targets")  # a new folder each run: nothing earlier is overwritten
+    print(f"writing to {out}", flush=True)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    env = fingerprint.environment(device)
+    bandwidth = roofline.device_bandwidth(device, env["device_name"], probe=True)
+    print(f"{env['device_name']} | torch {env['torch']} | transformers {env['transformers']} | "
+          f"copy bandwidth {(bandwidth[0] or 0) / 1e9:.0f} GB/s", flush=True)
+    small = args.small_model or None
+    planned = cases(args.model, small, batch_sizes, args.long_prompt)
+    results, failed, p50 = {}, {}, {}
+    models, engines = {}, {}
+    for case in planned:
+        start = time.perf_counter()
+        try:
+            if case.model not in models:
+                models[case.model] = load_model(case.model, device, dtype)
+            loaded = models[case.model]
+            engine = None
+            if case.engine == "fast":  # one engine per model: a new shape captures graphs, it does not recompile
+                engine = engines.setdefault(case.model, FastEngine(loaded.model))
+            results[case.name] = measure(case, loaded, bandwidth, engine, args.output_length, args.warmup, args.runs)
+        except Exception as error:  # one case failing (a model that does not load, memory) must not hide the rest
+            failed[case.name] = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+            print(f"{case.name}: FAILED {failed[case.name]}", flush=True)
+            continue
+        summary = results[case.name]["summary"]
+        p50[case.name] = {metric: summary[metric]["p50"] for metric in ("tpot_ms", "ttft_ms")}
+        print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
+    verdicts = judge(targets(batch_sizes, args.long_prompt, small), p50)
+    write_json_atomic(out / "targets.json", {"environment": env, "bandwidth": bandwidth, "args": vars(args) | {"out": str(args.out)},
+                                             "verdicts": verdicts, "failed": failed, "results": results})
+    print()
+    if device.type != "cuda" or args.model != "tinyllama-1.1b-random":
+        print(f"(the bounds are the targets for tinyllama-1.1b-random on an H200; {args.model} on {device.type} only "
+              "shows that every case runs)")
+    print(table(verdicts))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

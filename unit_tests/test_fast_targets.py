@@ -1,0 +1,65 @@
+"""perf_tests/scripts/fast_targets.py: the targets judged on measured p50s, and every case run end to end on the CPU."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "perf_tests" / "scripts" / "fast_targets.py"
+
+
+@pytest.fixture(scope="module")
+def script():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import fast_targets
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return fast_targets
+
+
+def test_absolute_and_relative_targets_are_judged_on_the_p50_and_a_missing_case_is_not_run(script):
+    goals = [script.Target("fast b1", "tpot_ms", 0.60), script.Target("fast b4", "tpot_ms", 0.70),
+             script.Target("fast prompt 1920", "tpot_ms", 1.15, relative_to="fast b1"),
+             script.Target("fast sampled", "tpot_ms", 1.05, relative_to="fast b1"),
+             script.Target("fast smollm2-135m", "tpot_ms", 0.20)]
+    p50 = {"fast b1": {"tpot_ms": 0.686}, "fast b4": {"tpot_ms": 0.70},
+           "fast prompt 1920": {"tpot_ms": 0.7612}, "fast sampled": {"tpot_ms": 0.74}}
+    rows = script.judge(goals, p50)
+    assert [row["verdict"] for row in rows] == ["missed", "met", "met", "missed", "not run"]  # 0.70 <= 0.70 is met
+    assert rows[2]["limit_ms"] == pytest.approx(1.15 * 0.686) and rows[2]["ratio"] == pytest.approx(0.7612 / 0.686)
+    assert rows[4]["measured_ms"] is None
+    assert "TPOT <= 1.15 x fast b1" in script.table(rows)
+
+
+def test_the_targets_follow_the_cases_that_run(script):
+    made = script.cases("m", "small", [1, 4, 8], 1920)
+    assert [case.name for case in made] == ["fast b1", "hf b1", "hf-static b1", "eager b1", "fast b4", "fast b8",
+                                            "fast prompt 1920", "fast sampled", "fast small"]
+    goals = script.targets([1, 4, 8], 1920, None)
+    assert {goal.case for goal in goals} == {"fast b1", "fast b4", "fast b8", "fast prompt 1920", "fast sampled"}
+    assert not script.SAMPLED.greedy and script.SAMPLED.temperature == 0.7 and script.SAMPLED.top_p == 0.9
+
+
+def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--model", "tiny-random",
+                           "--small-model", "", "--batch-sizes", "1,2", "--long-prompt", "24", "--output-length", "4",
+                           "--warmup", "0", "--runs", "2"],
+                          capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "only shows that every case runs" in done.stdout
+    saved = json.loads(next(tmp_path.glob("*-targets/targets.json")).read_text())
+    assert set(saved["results"]) == {"fast b1", "hf b1", "hf-static b1", "eager b1", "fast b2", "fast prompt 24",
+                                     "fast sampled"}
+    assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]
+    assert {row["verdict"] for row in saved["verdicts"]} <= {"met", "missed"}
+
+
+def test_bad_batch_sizes_are_refused_in_one_line(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--batch-sizes", "1,x"],
+                          capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=120)
+    assert done.returncode == 2 and "--batch-sizes" in done.stderr and "Traceback" not in done.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
