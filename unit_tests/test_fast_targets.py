@@ -38,7 +38,8 @@ def test_absolute_and_relative_targets_are_judged_on_the_p50_and_a_missing_case_
 def test_the_targets_follow_the_cases_that_run(script):
     made = script.cases("m", "small", [1, 4, 8], 1920)
     assert [case.name for case in made] == ["fast b1", "hf b1", "hf-static b1", "eager b1", "fast b4", "fast b8",
-                                            "fast prompt 1920", "fast sampled", "fast small"]
+                                            "fast prompt 1920", "fast sampled", "fast small", "fast small head_range=0"]
+    assert made[-1].head_range == 0 and made[0].head_range is None
     goals = script.targets([1, 4, 8], 1920, None)
     assert {goal.case for goal in goals} == {"fast b1", "fast b4", "fast b8", "fast prompt 1920", "fast sampled"}
     assert not script.SAMPLED.greedy and script.SAMPLED.temperature == 0.7 and script.SAMPLED.top_p == 0.9

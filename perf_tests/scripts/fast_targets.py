@@ -7,7 +7,9 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
 - the reference shape (`--model`, batch 1, prompt 128, 128 new tokens) for fast, hf, hf-static
   and eager;
 - the fast engine at each `--batch-sizes`, at prompt `--long-prompt`, with temperature 0.7 and
-  top-p 0.9 sampling, and on `--small-model` (the embedded SmolLM2, real weights) when it loads.
+  top-p 0.9 sampling, and on `--small-model` (the embedded SmolLM2, real weights) when it loads,
+  there also without the attention's ranges (`head_range=0`: one kernel fewer per layer, for a
+  model whose step is bound by launches rather than bytes).
 
 Each target (`TARGETS`) is judged on the p50 of its case: an absolute bound in ms, or a multiple
 of another case's p50. The table says met or missed with both numbers; the JSON keeps every
@@ -25,7 +27,7 @@ from pathlib import Path
 import torch
 
 from inferlab.decode.sampling import SamplingConfig
-from inferlab.fast.engine import FastEngine
+from inferlab.fast.engine import FastEngine, FastOptions
 from inferlab.measure import fingerprint, roofline
 from inferlab.measure.bench import BenchConfig, run_benchmark
 from inferlab.model.registry import load_model
@@ -44,6 +46,7 @@ class Case:
     batch_size: int = 1
     prompt_length: int = 128
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    head_range: int | None = None  # the fast engine's attention ranges; None: the default policy
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,8 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found.append(Case(f"fast prompt {long_prompt}", "fast", model, prompt_length=long_prompt))
     found.append(Case("fast sampled", "fast", model, sampling=SAMPLED))
     if small_model:
-        found.append(Case(f"fast {small_model}", "fast", small_model))
+        found += [Case(f"fast {small_model}", "fast", small_model),
+                  Case(f"fast {small_model} head_range=0", "fast", small_model, head_range=0)]
     return found
 
 
@@ -166,8 +170,14 @@ def main() -> int:
                 models[case.model] = load_model(case.model, device, dtype)
             loaded = models[case.model]
             engine = None
-            if case.engine == "fast":  # one engine per model: a new shape captures graphs, it does not recompile
-                engine = engines.setdefault(case.model, FastEngine(loaded.model))
+            if case.engine == "fast":  # one engine per model and policy: a new shape captures graphs, not a compile
+                key = (case.model, case.head_range)
+                if key not in engines:
+                    from inferlab.fast.kernels import LaunchPolicy  # Triton: imported only for a policy of its own
+
+                    launch = None if case.head_range is None else LaunchPolicy(head_range=case.head_range)
+                    engines[key] = FastEngine(loaded.model, FastOptions(launch=launch))
+                engine = engines[key]
             results[case.name] = measure(case, loaded, bandwidth, engine, args.output_length, args.warmup, args.runs)
         except Exception as error:  # one case failing (a model that does not load, memory) must not hide the rest
             failed[case.name] = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
