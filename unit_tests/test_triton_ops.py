@@ -125,6 +125,22 @@ def test_the_tensor_core_kernel_split_over_k_computes_the_specified_function_lau
     assert counts and all(int(c.abs().sum()) == 0 for c in counts)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", ["plain", "norm", "gated", "residual"])
+@pytest.mark.parametrize("target", [0, 10_000])  # K whole; K cut into ranges, each prefetching its own first tile
+def test_the_tensor_core_kernel_with_its_first_tile_loaded_early_computes_the_specified_function(
+        kernels, dtype, shape, variant, target):
+    """`rows_prefetch`: the first weight tile is loaded before the wait, multiplied after; with one
+    K tile the loop after it is empty, with a masked K the prefetched tile is masked too."""
+    M = 5
+    x, weight, kwargs = gemv_case(M, shape, variant, dtype)
+    config = kernels.LaunchConfig(block_n=16, block_k=32, num_warps=4, num_stages=1)
+    policy = kernels.LaunchPolicy(rows_min_batch=2, rows_target_programs=target, rows_prefetch=True)
+    ours = kernels.gemv(x, weight, config=config, policy=policy, **kwargs)
+    assert_same_function(ours, decode_ops.gemv(x, weight, **kwargs))
+
+
 @pytest.mark.parametrize("n_tiles, k_tiles, target, split", [
     (64, 8, 0, 1),      # off
     (176, 8, 132, 1),   # enough tiles already
@@ -337,10 +353,11 @@ def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
       for policy in ({}, {"attention": "split"}, {"rows_min_batch": 2, "rows_target_programs": 1000},
                      {"batched": "cuda"}, {"attention": "auto", "split_min_cache": 8})],
     # the attention variants merged by the combine kernel: the batch changes nothing in them
-    (2, {"attention": "split", "split_combine": "kernel"}), (2, {"head_block_t": 8, "head_range": 8})],
+    (2, {"attention": "split", "split_combine": "kernel"}), (2, {"head_block_t": 8, "head_range": 8}),
+    (2, {"rows_min_batch": 2, "rows_prefetch": True})],
     ids=[*[f"{name}-{batch}" for batch in (2, 4) for name in ("defaults", "split-attention", "split-k", "cuda-batch",
                                                                "auto-attention")],
-         "split-combine-kernel-2", "head-ranges-2"])
+         "split-combine-kernel-2", "head-ranges-2", "rows-prefetch-2"])
 def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch, policy):
     from inferlab.model.registry import load_model
 

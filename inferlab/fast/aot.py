@@ -51,12 +51,16 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
                       dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     rows = kernels.DEFAULT_POLICY.rows_gemv
     # (n, k, norm, gated, residual, split-K): [q; k; v], [gate; up] and down as the batched step runs them
-    for n, k, norm, gated, residual, split_k in ((2560, 2048, True, False, False, 1), (5632, 2048, True, True, False, 1),
-                                                (5632, 2048, True, True, False, 2), (2048, 5632, False, False, True, 1),
-                                                (2048, 5632, False, False, True, 8)):
+    # and the same with the first weight tile loaded before the wait (LaunchPolicy(rows_prefetch=True))
+    for n, k, norm, gated, residual, split_k, prefetch in (
+            (2560, 2048, True, False, False, 1, False), (5632, 2048, True, True, False, 1, False),
+            (5632, 2048, True, True, False, 2, False), (2048, 5632, False, False, True, 1, False),
+            (2048, 5632, False, False, True, 8, False), (2560, 2048, True, False, False, 1, True),
+            (5632, 2048, True, True, False, 1, True), (2048, 5632, False, False, True, 8, True)):
         flags = dict(N=n, K=k, NORM=norm, GATED=gated, RESIDUAL=residual, BLOCK_M=16, BLOCK_N=rows.block_n,
-                     BLOCK_K=rows.block_k, EVEN_N=True, EVEN_K=True, SPLIT_K=split_k, PDL=True, FP32=False)
-        cases.append((f"rows {n}x{k} split-K {split_k}", kernels._gemv_rows_kernel,
+                     BLOCK_K=rows.block_k, EVEN_N=True, EVEN_K=True, SPLIT_K=split_k, PDL=True, FP32=False,
+                     PREFETCH=prefetch)
+        cases.append((f"rows {n}x{k} split-K {split_k}{' prefetch' if prefetch else ''}", kernels._gemv_rows_kernel,
                       dict(gemv, part_ptr=fp32, arrivals_ptr=i32), flags,
                       dict(num_warps=rows.num_warps, num_stages=rows.num_stages)))
     for rows in (2, 4, 8):  # the CUDA-core batch kernel (LaunchPolicy(batched="cuda")) at its row counts
@@ -71,7 +75,7 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         group = heads // kv_heads
         g_pad = 1 << (group - 1).bit_length()
         head = dict(attention, part_acc_ptr=fp32, part_best_ptr=fp32, part_total_ptr=fp32)
-        for positions, ranges in ((0, 1), (256, 8)):  # one program per head; ranges of 256 positions
+        for positions, ranges in ((0, 1), (256, 8), (128, 16)):  # one program per head; ranges of 256 or 128 positions
             flags = dict(NH=heads, KVH=kv_heads, HD=64, BLOCK_T=kernels.ATTENTION_BLOCK_T, RANGE=positions,
                          RANGES=ranges, G_PAD=g_pad, PDL=True)
             cases.append((f"attention {label}{f' ranges of {positions}' if positions else ''}",

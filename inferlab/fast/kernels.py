@@ -85,6 +85,9 @@ class LaunchPolicy:
     rows_block_m: int = 16
     # the tensor-core kernel cuts K into ranges until its programs number about this many (0: never)
     rows_target_programs: int = 0
+    # the tensor-core kernel loads its first weight tile before waiting on the previous kernel
+    # (as the one-row kernel does); to be measured against waiting first
+    rows_prefetch: bool = False
     # "head": one program per query head (`attention_decode`); "split": one per KV head and range
     # of the context, combined in the kernel (`attention_decode_split`), with these tiles and ranges;
     # "auto": "split" for a cache of at least `split_min_cache` positions, else "head"
@@ -304,16 +307,28 @@ def _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K: tl.constexpr, NORM: 
 
 
 @triton.jit
+def _tile_dot(xv, w, acc, FP32: tl.constexpr):
+    """acc + xv [BM, BK] @ w [BN, BK]^T on the tensor cores; in float32 without TF32 (the same
+    products as the specification's float32 matmul)."""
+    if FP32:
+        return tl.dot(xv, tl.trans(w), acc, input_precision="ieee")
+    return tl.dot(xv, tl.trans(w), acc)
+
+
+@triton.jit
 def _gemv_rows_kernel(
     x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, part_ptr, arrivals_ptr,
     M, eps,
     N: tl.constexpr, K: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    SPLIT_K: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr,
+    SPLIT_K: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """out[m, n] for BLOCK_M rows m and BLOCK_N consecutive n, as a matrix product on the tensor
     cores: each tile of W is read once for all the rows, so a batch costs one read of the weights.
+
+    PREFETCH loads the program's first tile of W before waiting on the previous kernel, as
+    `_gemv_kernel` does (weights are never written), and multiplies it once the rows are in.
 
     SPLIT_K > 1 cuts K into that many ranges, one program each (more programs for a narrow
     matrix): each stores its float32 partial sums and counts itself in `arrivals`; the last to
@@ -330,6 +345,15 @@ def _gemv_rows_kernel(
     up_rows = (offs_n + N).to(tl.int64)[:, None] * K
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K
     dtype = w_ptr.dtype.element_ty
+    K_TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    TILES_PER_SPLIT: tl.constexpr = (K_TILES + SPLIT_K - 1) // SPLIT_K
+    EVEN: tl.constexpr = EVEN_N and EVEN_K and K_TILES % SPLIT_K == 0
+    k_first = split * TILES_PER_SPLIT * BLOCK_K
+    if PREFETCH:
+        first_k = k_first + tl.arange(0, BLOCK_K)
+        w_first = _weight_tile(w_ptr, rows, first_k, mask_n, K, EVEN)  # [BN, BK]
+        if GATED:
+            u_first = _weight_tile(w_ptr, up_rows, first_k, mask_n, K, EVEN)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -338,23 +362,17 @@ def _gemv_rows_kernel(
         scale = _rms_scales(x_rows, mask_m, eps, K, BLOCK_M, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    K_TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
-    TILES_PER_SPLIT: tl.constexpr = (K_TILES + SPLIT_K - 1) // SPLIT_K
-    k_first = split * TILES_PER_SPLIT * BLOCK_K
-    for k0 in range(0, TILES_PER_SPLIT * BLOCK_K, BLOCK_K):
+    if PREFETCH:
+        xv = _input_rows(x_rows, mask_m, norm_ptr, first_k, scale, K, NORM, dtype).to(dtype)
+        acc = _tile_dot(xv, w_first, acc, FP32)
+        if GATED:
+            acc_up = _tile_dot(xv, u_first, acc_up, FP32)
+    for k0 in range(BLOCK_K if PREFETCH else 0, TILES_PER_SPLIT * BLOCK_K, BLOCK_K):
         offs_k = k_first + k0 + tl.arange(0, BLOCK_K)
         xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype).to(dtype)  # [BM, BK]
-        w = _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K and K_TILES % SPLIT_K == 0)  # [BN, BK]
-        if FP32:  # no TF32: the same products as the specification's float32 matmul
-            acc = tl.dot(xv, tl.trans(w), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(xv, tl.trans(w), acc)
+        acc = _tile_dot(xv, _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN), acc, FP32)  # W tile [BN, BK]
         if GATED:
-            u = _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K and K_TILES % SPLIT_K == 0)
-            if FP32:
-                acc_up = tl.dot(xv, tl.trans(u), acc_up, input_precision="ieee")
-            else:
-                acc_up = tl.dot(xv, tl.trans(u), acc_up)
+            acc_up = _tile_dot(xv, _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN), acc_up, FP32)
     at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     last = True
@@ -523,7 +541,8 @@ def gemv(
     _gemv_rows_kernel[(n_tiles, split_k, m_tiles)](
         *operands[:5], part, arrivals, *operands[5:], **flags, BLOCK_M=policy.rows_block_m, BLOCK_N=c.block_n,
         BLOCK_K=c.block_k, EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, SPLIT_K=split_k,
-        FP32=weight.dtype == torch.float32, num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
+        FP32=weight.dtype == torch.float32, PREFETCH=policy.rows_prefetch, num_warps=c.num_warps,
+        num_stages=c.num_stages, **_launch_options(pdl),
     )
     return out
 

@@ -283,17 +283,20 @@ def batched_steps(loaded, measured, batch_sizes: list[int], budget_s: float, can
             cuda = replace(options, launch=ops.LaunchPolicy(batched="cuda"))
             steps.append({**step_tpot(loaded, measured, cuda, f"triton, batch {batch_size}, CUDA-core batch kernel",
                                       batch_size), "batched_gemv": "cuda"})
-        for config, target in itertools.product(candidates, targets):
+        for config, target, prefetch in itertools.product(candidates, targets, (False, True)):
             if time.perf_counter() > deadline:
                 break
-            rows = replace(options, launch=ops.LaunchPolicy(rows_min_batch=2, rows_gemv=config, rows_target_programs=target))
-            label = f"triton, batch {batch_size}, rows {config.__dict__}, split-K target {target}"
+            rows = replace(options, launch=ops.LaunchPolicy(rows_min_batch=2, rows_gemv=config, rows_target_programs=target,
+                                                            rows_prefetch=prefetch))
+            label = (f"triton, batch {batch_size}, rows {config.__dict__}, split-K target {target}"
+                     f"{', first tile before the wait' if prefetch else ''}")
             try:
                 step = step_tpot(loaded, measured, rows, label, batch_size)
             except Exception as error:  # a shape the compiler rejects (shared memory, registers)
                 print(f"step {label}: {type(error).__name__}: {str(error).splitlines()[0][:120]}", flush=True)
                 continue
-            steps.append({**step, "batched_gemv": "rows", "config": config.__dict__, "split_k_target": target})
+            steps.append({**step, "batched_gemv": "rows", "config": config.__dict__, "split_k_target": target,
+                          "rows_prefetch": prefetch})
     return steps
 
 
