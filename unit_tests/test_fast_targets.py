@@ -57,6 +57,8 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast sampled"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]
     assert {row["verdict"] for row in saved["verdicts"]} <= {"met", "missed"}
+    check = saved["correctness"]["tiny-random"]  # fp32 on the CPU: the fast engine's tokens are the eager loop's
+    assert check["greedy_token_agreement_fast_vs_eager"] == 1.0 and check["max_abs_logit_err_fast_vs_fp32"] < 1e-3
 
 
 def test_bad_batch_sizes_are_refused_in_one_line(tmp_path):

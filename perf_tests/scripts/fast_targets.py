@@ -11,7 +11,9 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   there also without the attention's ranges (`head_range=0`: one kernel fewer per layer, for a
   model whose step is bound by launches rather than bytes).
 
-Each target (`TARGETS`) is judged on the p50 of its case: an absolute bound in ms, or a multiple
+Then, per model, the correctness of the default fast engine (`teacher_forced_check`): its greedy
+tokens against the eager loop's, and both one's logit error against an fp32 reference on the
+same tokens, which must be of the same size. Each target (`targets`) is judged on the p50 of its case: an absolute bound in ms, or a multiple
 of another case's p50. The table says met or missed with both numbers; the JSON keeps every
 case's raw runs. Exit 0 when every case ran (targets met or not), 1 when one failed.
 """
@@ -27,9 +29,10 @@ from pathlib import Path
 import torch
 
 from inferlab.decode.sampling import SamplingConfig
+from inferlab.fast.check import teacher_forced_check
 from inferlab.fast.engine import FastEngine, FastOptions
 from inferlab.measure import fingerprint, roofline
-from inferlab.measure.bench import BenchConfig, run_benchmark
+from inferlab.measure.bench import BenchConfig, build_prompt, run_benchmark
 from inferlab.model.registry import load_model
 from inferlab.storage import new_run_folder, write_json_atomic
 
@@ -186,9 +189,28 @@ def main() -> int:
         summary = results[case.name]["summary"]
         p50[case.name] = {metric: summary[metric]["p50"] for metric in ("tpot_ms", "ttft_ms")}
         print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
+    correctness = {}
+    for (model, head_range), engine in engines.items():
+        if head_range is not None:
+            continue
+        loaded = models[model]
+        try:
+            prompt = build_prompt(loaded, BenchConfig(engine="fast", output_length=args.output_length))
+            correctness[model] = teacher_forced_check(loaded, prompt, args.output_length, engine)
+        except Exception as error:  # reported, and the timings above are still written
+            failed[f"correctness {model}"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+            print(f"correctness {model}: FAILED {failed[f'correctness {model}']}", flush=True)
+            continue
+        c = correctness[model]
+        print(f"correctness {model}: greedy tokens equal to the eager loop's {100 * c['greedy_token_agreement_fast_vs_eager']:.0f}%"
+              f"; max |logit error| vs fp32 fast {c['max_abs_logit_err_fast_vs_fp32']:.3f}, eager "
+              f"{c['max_abs_logit_err_eager_vs_fp32']:.3f}; mean fast {c['mean_abs_logit_err_fast_vs_fp32']:.4f}, eager "
+              f"{c['mean_abs_logit_err_eager_vs_fp32']:.4f}; top-1 agreement with fp32 fast "
+              f"{100 * c['top1_agreement_fast_vs_fp32']:.1f}%, eager {100 * c['top1_agreement_eager_vs_fp32']:.1f}%", flush=True)
     verdicts = judge(targets(batch_sizes, args.long_prompt, small), p50)
     write_json_atomic(out / "targets.json", {"environment": env, "bandwidth": bandwidth, "args": vars(args) | {"out": str(args.out)},
-                                             "verdicts": verdicts, "failed": failed, "results": results})
+                                             "verdicts": verdicts, "failed": failed, "correctness": correctness,
+                                             "results": results})
     print()
     if device.type != "cuda" or args.model != "tinyllama-1.1b-random":
         print(f"(the bounds are the targets for tinyllama-1.1b-random on an H200; {args.model} on {device.type} only "
