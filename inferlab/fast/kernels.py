@@ -5,8 +5,10 @@ the weights once, plus a fixed cost per kernel. These kernels cut both: each pro
 one kernel that reads its matrix exactly once with wide, coalesced loads, and carries the work
 around it (RMSNorm before, SiLU*up or the residual add after) so that nothing else runs between
 two projections except the attention kernel, which also does RoPE and the cache write. A layer
-is five kernels; after the LM head, one more picks the greedy token, fetches its embedding for
-the next step and advances the position (`greedy_step`).
+is five kernels (six when the cache holds more than one range of positions: the attention runs
+over ranges of the context, merged by `_attention_combine_kernel`); after the LM head, one more
+picks the greedy token, fetches its embedding for the next step and advances the position
+(`greedy_step`).
 
 On Hopper and later GPUs the kernels are chained by programmatic dependent launch (PDL): each
 one is launched while the previous one still runs, loads what does not depend on it (its first

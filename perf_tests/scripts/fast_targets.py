@@ -123,12 +123,45 @@ def table(rows: list[dict]) -> str:
 def measure(case: Case, loaded, bandwidth, engine, output_length: int, warmup: int, runs: int) -> dict:
     bench = BenchConfig(engine=case.engine, prompt_length=case.prompt_length, batch_size=case.batch_size,
                         output_length=output_length, warmup_runs=warmup, runs=runs, sampling=case.sampling)
+    start = time.perf_counter()
     result = run_benchmark(loaded, bench, bandwidth, engine=engine)
     summary, fraction = result.summary, result.roofline_summary()["fraction_of_peak"]
     print(f"{case.name}: TTFT p50 {summary['ttft_ms']['p50']:.3f} ms | TPOT p50 {summary['tpot_ms']['p50']:.4f} p99 "
           f"{summary['tpot_ms']['p99']:.4f} ms | {'-' if fraction is None else f'{100 * fraction:.1f}'}% of copy "
           f"bandwidth | prepare {result.prepare_ms / 1e3:.1f} s", flush=True)
+    print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
     return result.to_dict()
+
+
+def error_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+
+
+def fast_engine(engines: dict, case: Case, loaded) -> FastEngine:
+    """One engine per model and attention policy, kept in `engines`: a new shape then captures
+    graphs instead of compiling again."""
+    key = (case.model, case.head_range)
+    if key not in engines:
+        launch = None
+        if case.head_range is not None:
+            from inferlab.fast.kernels import LaunchPolicy  # needs Triton: imported only for a policy of its own
+
+            launch = LaunchPolicy(head_range=case.head_range)
+        engines[key] = FastEngine(loaded.model, FastOptions(launch=launch))
+    return engines[key]
+
+
+def check(loaded, engine: FastEngine, output_length: int) -> dict:
+    """`teacher_forced_check` at the reference shape, printed in one line."""
+    prompt = build_prompt(loaded, BenchConfig(engine="fast", output_length=output_length))
+    c = teacher_forced_check(loaded, prompt, output_length, engine)
+    print(f"correctness {loaded.name}: greedy tokens equal to the eager loop's "
+          f"{100 * c['greedy_token_agreement_fast_vs_eager']:.0f}%; max |logit error| vs fp32 fast "
+          f"{c['max_abs_logit_err_fast_vs_fp32']:.3f}, eager {c['max_abs_logit_err_eager_vs_fp32']:.3f}; mean fast "
+          f"{c['mean_abs_logit_err_fast_vs_fp32']:.4f}, eager {c['mean_abs_logit_err_eager_vs_fp32']:.4f}; top-1 "
+          f"agreement with fp32 fast {100 * c['top1_agreement_fast_vs_fp32']:.1f}%, eager "
+          f"{100 * c['top1_agreement_eager_vs_fp32']:.1f}%", flush=True)
+    return c
 
 
 def main() -> int:
@@ -163,50 +196,27 @@ def main() -> int:
     print(f"{env['device_name']} | torch {env['torch']} | transformers {env['transformers']} | "
           f"copy bandwidth {(bandwidth[0] or 0) / 1e9:.0f} GB/s", flush=True)
     small = args.small_model or None
-    planned = cases(args.model, small, batch_sizes, args.long_prompt)
-    results, failed, p50 = {}, {}, {}
-    models, engines = {}, {}
-    for case in planned:
-        start = time.perf_counter()
+    results, failed, models, engines = {}, {}, {}, {}
+    for case in cases(args.model, small, batch_sizes, args.long_prompt):
         try:
             if case.model not in models:
                 models[case.model] = load_model(case.model, device, dtype)
-            loaded = models[case.model]
-            engine = None
-            if case.engine == "fast":  # one engine per model and policy: a new shape captures graphs, not a compile
-                key = (case.model, case.head_range)
-                if key not in engines:
-                    from inferlab.fast.kernels import LaunchPolicy  # Triton: imported only for a policy of its own
-
-                    launch = None if case.head_range is None else LaunchPolicy(head_range=case.head_range)
-                    engines[key] = FastEngine(loaded.model, FastOptions(launch=launch))
-                engine = engines[key]
-            results[case.name] = measure(case, loaded, bandwidth, engine, args.output_length, args.warmup, args.runs)
+            engine = fast_engine(engines, case, models[case.model]) if case.engine == "fast" else None
+            results[case.name] = measure(case, models[case.model], bandwidth, engine, args.output_length, args.warmup,
+                                         args.runs)
         except Exception as error:  # one case failing (a model that does not load, memory) must not hide the rest
-            failed[case.name] = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
+            failed[case.name] = error_line(error)
             print(f"{case.name}: FAILED {failed[case.name]}", flush=True)
-            continue
-        summary = results[case.name]["summary"]
-        p50[case.name] = {metric: summary[metric]["p50"] for metric in ("tpot_ms", "ttft_ms")}
-        print(f"  ({time.perf_counter() - start:.0f} s)", flush=True)
     correctness = {}
     for (model, head_range), engine in engines.items():
-        if head_range is not None:
-            continue
-        loaded = models[model]
-        try:
-            prompt = build_prompt(loaded, BenchConfig(engine="fast", output_length=args.output_length))
-            correctness[model] = teacher_forced_check(loaded, prompt, args.output_length, engine)
-        except Exception as error:  # reported, and the timings above are still written
-            failed[f"correctness {model}"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
-            print(f"correctness {model}: FAILED {failed[f'correctness {model}']}", flush=True)
-            continue
-        c = correctness[model]
-        print(f"correctness {model}: greedy tokens equal to the eager loop's {100 * c['greedy_token_agreement_fast_vs_eager']:.0f}%"
-              f"; max |logit error| vs fp32 fast {c['max_abs_logit_err_fast_vs_fp32']:.3f}, eager "
-              f"{c['max_abs_logit_err_eager_vs_fp32']:.3f}; mean fast {c['mean_abs_logit_err_fast_vs_fp32']:.4f}, eager "
-              f"{c['mean_abs_logit_err_eager_vs_fp32']:.4f}; top-1 agreement with fp32 fast "
-              f"{100 * c['top1_agreement_fast_vs_fp32']:.1f}%, eager {100 * c['top1_agreement_eager_vs_fp32']:.1f}%", flush=True)
+        if head_range is None:  # the default engine of each model
+            try:
+                correctness[model] = check(models[model], engine, args.output_length)
+            except Exception as error:  # reported; the timings above are still written
+                failed[f"correctness {model}"] = error_line(error)
+                print(f"correctness {model}: FAILED {failed[f'correctness {model}']}", flush=True)
+    p50 = {name: {metric: result["summary"][metric]["p50"] for metric in ("tpot_ms", "ttft_ms")}
+           for name, result in results.items()}
     verdicts = judge(targets(batch_sizes, args.long_prompt, small), p50)
     write_json_atomic(out / "targets.json", {"environment": env, "bandwidth": bandwidth, "args": vars(args) | {"out": str(args.out)},
                                              "verdicts": verdicts, "failed": failed, "correctness": correctness,
