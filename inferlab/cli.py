@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--confidence", type=_finite_float, default=0.95, help="family-wise confidence (default 0.95)")
     gate.add_argument("--run-noise", default="0.01",
                       help="process-to-process spread of a run's median, as a fraction (default 0.01), or "
-                           "'calibrated': the newest record inferlab ab saved for this machine")
+                           "'calibrated': the newest record inferlab ab or inferlab calibrate saved for this machine")
     gate.add_argument("--noise-store", type=Path, default=None, help="where run-noise records live (default .inferlab/run-noise)")
     gate.add_argument("--tails", default="p99", help="tail percentiles judged on TPOT and ITL beside the median (default p99; none)")
     gate.add_argument("--budget", action="append", default=[], metavar="[PATTERN:]KEY=VALUE",
@@ -183,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--profiles", nargs=2, type=Path, default=None, metavar=("BASE.json", "HEAD.json"),
                       help="bench.json files written by `inferlab bench --profile` for base and head: on FAIL, "
                            "print the kernels whose time per step grew most")
+
+    calibrate = commands.add_parser("calibrate", help="save the run noise of repeated runs of unchanged code for --run-noise calibrated")
+    calibrate.add_argument("runs", nargs="+", type=Path, help="8 or more runs of the same code on this machine, one pytest session each")
+    calibrate.add_argument("--noise-store", type=Path, default=None, help="where the record is saved (default .inferlab/run-noise)")
 
     ab = commands.add_parser("ab", help="interleaved A/B of two git revisions (or two commands) until the gate decides")
     ab.add_argument("base", nargs="?", help="base git revision (branch, tag or commit)")
@@ -538,6 +542,37 @@ def cmd_ab(args) -> int:
     return outcome.last.exit_code if outcome.last else 3
 
 
+def cmd_calibrate(args) -> int:
+    """Per benchmark, the spread of the runs' log medians and its 95% upper bound, saved as this
+    machine's record; each benchmark keeps its own (a graph-replayed TPOT may spread 0.04% where
+    the TTFT beside it spreads 2.7%: one value for both would blind the gate to the TPOT)."""
+    from inferlab.suite import gate
+    from inferlab.suite.gate.calibration import DEFAULT_STORE, machine_key, machine_id, save_run_noise
+
+    if len(args.runs) < 2:
+        raise UsageError(f"calibrate needs at least 2 runs of the same code, got {len(args.runs)}: "
+                         "save 8 or more, one pytest session each")
+    runs = [gate.load_run(p) for p in args.runs]
+    gate.check_comparable(runs, runs[:1])  # every run distinct, same benchmarks, machine, model, dtype, engine
+    machines = {machine_id(machine_key(run)) for run in runs}
+    if len(machines) > 1:
+        raise UsageError("the runs come from different hosts: calibrate each machine from its own runs")
+    estimate = gate.estimate_run_noise(runs)
+    noise = gate.calibrated_run_noise(runs)
+    width = max(len(name) for name in noise)
+    print(f"{'benchmark':<{width}}  spread  95% bound (saved)")
+    for name in runs[0].names:
+        print(f"{name:<{width}}  {100 * estimate[name]:6.3f}%  {100 * noise[name]:6.3f}%")
+    record = save_run_noise(args.noise_store or DEFAULT_STORE, runs[0], noise,
+                            {"source": "inferlab calibrate", "runs": [str(p) for p in args.runs],
+                             "run_noise_estimate": estimate, "confidence": gate.CALIBRATION_CONFIDENCE})
+    print(f"run noise saved to {record} (inferlab gate --run-noise calibrated uses it on this machine)")
+    if len(runs) < 8:
+        print(f"{len(runs)} runs: the bound is {gate.noise_upper_bound(1.0, len(runs) - 1):.1f}x the spread; "
+              "8 or more runs make it tighter (x1.8)")
+    return 0
+
+
 def cmd_history(args) -> int:
     from inferlab.look.history_report import format_history, history_dict, plot_name, plot_trail
     from inferlab.storage import new_run_folder, write_json_atomic
@@ -583,6 +618,7 @@ COMMANDS = {
     "gate": cmd_gate,
     "history": cmd_history,
     "ab": cmd_ab,
+    "calibrate": cmd_calibrate,
 }
 
 

@@ -76,6 +76,10 @@ CASES = [
     ("gate", ["gate", "BASE", "HEAD", "--json", "BASE"], 2, "exists and is kept"),
     ("ab", ["ab"], 2, "ab needs two revisions"),
     ("ab", ["ab", "--base-cmd", "true"], 2, "not a mix"),
+    ("calibrate", ["calibrate", "BASE"], 2, "at least 2 runs of the same code"),
+    ("calibrate", ["calibrate", "BASE", "/nonexistent"], 2, "/nonexistent: no such file"),
+    ("calibrate", ["calibrate", "BASE", "BASE"], 2, "given twice"),
+    ("calibrate", ["calibrate", "BASE", "HEAD", "--noise-store", "UNWRITABLE"], 2, "cannot write results"),
     ("history", ["history", "/nonexistent"], 2, "no such file or folder"),
     ("history", ["history", "BASE", "--drift-budget", "abc"], 2, "give one percentage"),
 ]

@@ -5,6 +5,7 @@ seeded generators, so every verdict below is deterministic.
 """
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -279,3 +280,40 @@ def test_the_plugin_saves_floor_gaps_and_budgets_and_the_gate_judges_them(pytest
     assert sorted(r.budget.text for r in j.budgets) == ["tpot_ms median <= 1000 ms", "tpot_ms median <= 1e+06 x floor",
                                                           "ttft_ms median <= 10000 ms"]
     assert all(r.verdict == gate.PASS for r in j.budgets) and {(r.metric, r.stat) for r in j.tails} == {("tpot_ms", "p99"), ("itl_ms", "p99")}
+
+
+# ----------------------------------------------------------------------------- inferlab calibrate, on runs an H100 made
+
+H100_RUNS = Path(__file__).resolve().parents[1] / "docs" / "perf" / "h100" / "gate-fast" / "runs"
+
+
+def test_calibrate_saves_each_benchmark_its_own_noise_and_the_gate_then_fails_a_five_percent_tpot(tmp_path, capsys):
+    """Eight unchanged fast-engine processes on an H100: TPOT spreads 0.02%, TTFT 1.5%. Saved per
+    benchmark, the calibration lets one run per side FAIL the injected 5% on TPOT (median and p99)
+    and leaves the unchanged pair without a FAIL (TTFT INCONCLUSIVE: its noise cannot rule out 5%)."""
+    store = tmp_path / "store"
+    calibration = sorted(str(p) for p in H100_RUNS.glob("cal-*.json") if not p.name.endswith(".meta.json"))
+    assert len(calibration) == 8
+    assert main(["calibrate", *calibration, "--noise-store", str(store)]) == 0
+    out = capsys.readouterr().out
+    [record] = list(store.glob("*/*.json"))
+    noise = json.loads(record.read_text())["run_noise"]
+    tpot = next(v for k, v in noise.items() if k.endswith("tpot_ms]"))
+    ttft = next(v for k, v in noise.items() if k.endswith("ttft_ms]"))
+    assert tpot < 0.001 < 0.01 < ttft and str(record) in out
+    a, a2, h5 = (str(H100_RUNS / f"b00-{label}.json") for label in ("A", "A2", "H5"))
+    assert main(["gate", a, h5, "--run-noise", "calibrated", "--noise-store", str(store)]) == 1
+    failed = capsys.readouterr().out
+    assert "calibrated, from" in failed and "FAIL" in failed
+    assert main(["gate", a, a2, "--run-noise", "calibrated", "--noise-store", str(store)]) == 3
+    # the largest bound for every entry, as one --run-noise fraction: the TPOT's 5% is no longer resolved
+    assert main(["gate", a, h5, "--run-noise", str(max(noise.values()))]) == 3
+
+
+def test_calibrate_refuses_too_few_or_repeated_runs(tmp_path, capsys):
+    one = tpot_run(tmp_path / "a.json", 1)
+    assert main(["calibrate", one, "--noise-store", str(tmp_path / "s")]) == 2
+    assert "at least 2 runs" in capsys.readouterr().err
+    assert main(["calibrate", one, one, "--noise-store", str(tmp_path / "s")]) == 2
+    assert "given twice" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()

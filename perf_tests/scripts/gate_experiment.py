@@ -13,16 +13,17 @@ graphs: --inferlab-inject-on auto), so TPOT grows by that delay, e2e by
 (n - 1) x delay, and TTFT not at all.
 
 1. Calibration: --calibration-runs runs of the unchanged code. Their TPOT entries' medians give
-   the reference TPOT that turns 5% and 10% into delays in ms; their spread gives a calibrated
-   run_noise (the largest per-benchmark `gate.calibrated_run_noise`: the spread's 95% upper
-   confidence bound, as `inferlab ab` saves it). No evaluation run is used for either.
+   the reference TPOT that turns 5% and 10% into delays in ms; their spread gives each entry a
+   calibrated run_noise (`gate.calibrated_run_noise`: the spread's 95% upper confidence bound, as
+   `inferlab ab` saves it). No evaluation run is used for either.
 2. Evaluation: --pairs blocks of four runs, A and A2 (unchanged), H5 and H10 (delay for 5% and
    10% of the reference TPOT). Block order alternates A H5 A2 H10 / H10 A2 H5 A (ABBA), so a
    slow drift of the machine does not favour base or head. Each block gives one A/A pair
    (A, A2), one 5% pair (A, H5) and one 10% pair (A2, H10); pairs of one kind share no run.
    `--injected 5` leaves H10 out (blocks of three runs: A H5 A2 / A2 H5 A).
 3. Each pair is judged by pytest-benchmark's rule (--benchmark-compare-fail=median:T%), by the
-   gate (default run_noise and calibrated run_noise) on the medians and on the p99 tails of
+   gate (run_noise: the 1% default; "calibrated", the largest entry's bound for every entry;
+   "calibrated per benchmark", each entry's own, as `inferlab gate` applies a saved record) on the medians and on the p99 tails of
    TPOT rounds and ITL gaps (`inferlab.suite.gate.judge`, one Bonferroni family, as
    `inferlab gate` judges), and by the gate's intervals with the point-estimate FAIL rule
    (low > 1 and ratio >= 1 + T) for comparison; also by the gate on two runs per side (two
@@ -53,7 +54,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import resource
 import shutil
 import subprocess
@@ -298,18 +298,30 @@ def kind_rates(judged: dict[str, list], methods: list[str], names: list[str], tp
     return table
 
 
+def experiment_noises(plan: dict) -> dict[str, float | dict[str, float]]:
+    """The run_noise settings each pair is judged with: the 1% default; "calibrated", the largest
+    calibrated bound, applied to every entry; and, where the plan keeps them, "calibrated per
+    benchmark", each entry its own bound, as `inferlab gate` applies a record `inferlab ab` saved
+    (a graph-replayed TPOT may spread 0.1% from process to process while the TTFT beside it spreads 2%)."""
+    noises: dict[str, float | dict[str, float]] = {"default": gate.DEFAULT_RUN_NOISE,
+                                                   "calibrated": plan["calibrated_run_noise"]}
+    if plan.get("run_noise_per_benchmark"):
+        noises["calibrated per benchmark"] = dict(plan["run_noise_per_benchmark"])
+    return noises
+
+
 def judged_pairs(plan: dict, calibration: list[gate.Run], blocks: list[dict[str, gate.Run]],
                  quiet: list[dict[str, bool]], confidence: float) -> dict[str, dict[str, list]]:
     """One experiment's pairs judged by every method: "one" run per side, "two" runs per side
     (consecutive blocks), "calm" (one per side, both runs quiet); each kind -> judged pairs."""
-    noises = {"default": gate.DEFAULT_RUN_NOISE, "calibrated": plan["calibrated_run_noise"]}
+    noises = experiment_noises(plan)
     threshold = plan["threshold"]
     injected = tuple(plan.get("injected", INJECTED))
     kinds = {"A/A": ("A", "A2")} | {kind_of(f): (BASE_OF[injected_label(f)], injected_label(f)) for f in injected}
     one = {kind: [judge([b[base]], [b[head]], threshold, confidence, noises) for b in blocks]
            for kind, (base, head) in kinds.items()}
     two = {kind: [judge([blocks[i][base], blocks[i + 1][base]], [blocks[i][head], blocks[i + 1][head]], threshold,
-                        confidence, {"calibrated": noises["calibrated"]})
+                        confidence, {k: v for k, v in noises.items() if k != "default"})
                   for i in range(0, len(blocks) - 1, 2)]
            for kind, (base, head) in kinds.items()}
     calm = {kind: [p for p, q in zip(one[kind], quiet) if q[base] and q[head]] for kind, (base, head) in kinds.items()}
@@ -337,7 +349,8 @@ def analyse(experiments: list[tuple[dict, list[gate.Run], list[dict[str, gate.Ru
         two_methods = [m for m in two["A/A"][0] if not m.startswith("ratio")]
         table.update({f"{m}, 2 runs per side": r for m, r in kind_rates(two, two_methods, names, tpot, ttft).items()})
     if all(calm.values()):
-        main_methods = ["pytest-benchmark median", "gate run_noise=default", "gate run_noise=calibrated"]
+        main_methods = [m for m in ("pytest-benchmark median", "gate run_noise=default", "gate run_noise=calibrated",
+                                    "gate run_noise=calibrated per benchmark") if m in judged["A/A"][0]]
         table.update({f"{m}, quiet pairs only": r for m, r in kind_rates(calm, main_methods, names, tpot, ttft).items()})
     nominal = []
     for plan, _, blocks, _ in experiments:
@@ -418,8 +431,11 @@ def make_plan(args, setup: Setup, calibration: list[gate.Run]) -> dict:
 
 
 def environment(run: gate.Run) -> dict:
-    return {"machine": dict(run.machine), "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "python": platform.python_version()}
+    """The machine that made `run`, as its saved file says (pytest-benchmark's machine_info), so
+    that --combine, run elsewhere, reports the machines that measured."""
+    info = json.loads(run.path.read_text()).get("machine_info", {})
+    return {"machine": dict(run.machine), "platform": f"{info.get('system', '?')} {info.get('release', '?')}",
+            "cpu_count": info.get("cpu", {}).get("count"), "python": info.get("python_version")}
 
 
 def injected_fractions(text: str) -> tuple[float, ...]:

@@ -54,7 +54,7 @@ def latest_run_noise(store: Path, run: Run) -> tuple[dict[str, float], Path]:
     records = sorted(folder.glob("*.json")) if folder.is_dir() else []
     if not records:
         raise UsageError(f"no calibrated run noise for this machine ({key['device_name']}, {key['model']}, {key['dtype']}) "
-                         f"in {store}: run inferlab ab on it first, or pass --run-noise as a fraction")
+                         f"in {store}: run inferlab calibrate (or inferlab ab) on it first, or pass --run-noise as a fraction")
     try:
         noise = json.loads(records[-1].read_text())["run_noise"]
         noise = {str(name): float(value) for name, value in noise.items()}
