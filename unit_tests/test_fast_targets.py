@@ -38,10 +38,12 @@ def test_absolute_and_relative_targets_are_judged_on_the_p50_and_a_missing_case_
 def test_the_targets_follow_the_cases_that_run(script):
     made = script.cases("m", "small", [1, 4, 8], 1920)
     assert [case.name for case in made] == ["fast b1", "hf b1", "hf-static b1", "eager b1", "fast b4", "fast b8",
-                                            "fast prompt 1920", "fast sampled", "fast small", "fast small head_range=0"]
-    assert made[-1].head_range == 0 and made[0].head_range is None
+                                            "fast prompt 1920", "fast sampled", "fast sampled kernel", "fast small",
+                                            "fast small head_range=0"]
+    assert made[-1].launch == (("head_range", 0),) and made[-3].launch == (("sampling", "kernel"),) and not made[0].launch
     goals = script.targets([1, 4, 8], 1920, None)
-    assert {goal.case for goal in goals} == {"fast b1", "fast b4", "fast b8", "fast prompt 1920", "fast sampled"}
+    assert {goal.case for goal in goals} == {"fast b1", "fast b4", "fast b8", "fast prompt 1920", "fast sampled",
+                                             "fast sampled kernel"}
     assert not script.SAMPLED.greedy and script.SAMPLED.temperature == 0.7 and script.SAMPLED.top_p == 0.9
 
 
@@ -54,7 +56,7 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
     assert "only shows that every case runs" in done.stdout
     saved = json.loads(next(tmp_path.glob("*-targets/targets.json")).read_text())
     assert set(saved["results"]) == {"fast b1", "hf b1", "hf-static b1", "eager b1", "fast b2", "fast prompt 24",
-                                     "fast sampled"}
+                                     "fast sampled", "fast sampled kernel"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]
     assert {row["verdict"] for row in saved["verdicts"]} <= {"met", "missed"}
     check = saved["correctness"]["tiny-random"]  # fp32 on the CPU: the fast engine's tokens are the eager loop's

@@ -333,6 +333,87 @@ def test_greedy_step_takes_the_first_maximum_and_advances_the_step(kernels, ops)
         assert counts and all(int(c) == 0 for c in counts)  # ready for the next step
 
 
+SAMPLINGS = {
+    "temperature": dict(temperature=0.7),
+    "top-k": dict(temperature=1.0, top_k=20),
+    "top-p": dict(temperature=1.0, top_p=0.9),
+    "all": dict(temperature=0.8, top_k=50, top_p=0.9),
+    "top-p-narrow": dict(temperature=0.5, top_p=0.3),
+}
+
+
+def sample_case(kernels, M: int, V: int, H: int, first: int, seed: int):
+    """Logits [M, V] (spread like a real LM head's: a few tall ones over a broad base), uniform draws, buffers."""
+    logits = draw(M, V, seed=seed, scale=2.0)
+    logits[:, :7] += torch.linspace(6.0, 3.0, 7, device=DEVICE)
+    uniform = torch.rand(M, V, generator=torch.Generator().manual_seed(seed + 1)).to(DEVICE)
+    embed = draw(V, H, seed=seed + 2)
+    hidden, tokens = torch.zeros(M, H, device=DEVICE), torch.zeros(M, 1, dtype=torch.long, device=DEVICE)
+    out = torch.full((M, 6), -1, dtype=torch.long, device=DEVICE)
+    return logits, uniform, embed, hidden, tokens, out, torch.tensor([first + 2], device=DEVICE)
+
+
+@pytest.mark.parametrize("V", [1000, 32000])
+@pytest.mark.parametrize("name", list(SAMPLINGS))
+def test_the_sampling_kernel_draws_what_the_sorted_torch_step_draws(kernels, name, V):
+    """Three rows, fresh draws: the token `pick` (temperature, top-k, top-p with a sort, the
+    exponential race) chooses, its embedding, the out column and one position step."""
+    from inferlab.decode.sampling import SamplingConfig
+    from inferlab.fast.engine import pick
+
+    sampling = SamplingConfig(greedy=False, **SAMPLINGS[name])
+    for seed in (20, 30):
+        logits, uniform, embed, hidden, tokens, out, position = sample_case(kernels, 3, V, 24, 10, seed)
+        expected = pick(logits, sampling, uniform)
+        kernels.sample_step(logits, sampling, uniform, embed, hidden, tokens, out, position, 10)
+        assert tokens[:, 0].tolist() == expected.tolist()
+        assert out[:, 3].tolist() == expected.tolist() and int((out == -1).sum()) == 3 * 5
+        assert torch.equal(hidden, embed[expected]) and position.tolist() == [13]
+    counts = [buffers[0] for key, buffers in kernels.KEPT.items() if key[0] == "sample"]
+    assert counts and all(int(c) == 0 for c in counts)
+
+
+def test_the_sampling_kernel_keeps_the_nucleus_and_the_top_k_ties_and_nothing_else(kernels):
+    """The race is rigged: the uniform draw of one token is 1 - 1e-7 (its race value is ~1e7 x
+    its probability), so that token wins if, and only if, it is kept."""
+    from inferlab.decode.sampling import SamplingConfig
+    from inferlab.fast.engine import pick
+
+    V = 64
+    logits = torch.full((1, V), -20.0, device=DEVICE)
+    logits[0, :4] = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05], device=DEVICE))  # the rest ~1e-9 each
+
+    def winner(favoured: int, sampling: SamplingConfig) -> int:
+        uniform = torch.full((1, V), 0.5, device=DEVICE)
+        uniform[0, favoured] = 1.0 - 1e-7
+        embed, hidden = draw(V, 4, seed=1), torch.zeros(1, 4, device=DEVICE)
+        tokens, out = torch.zeros(1, 1, dtype=torch.long, device=DEVICE), torch.zeros(1, 4, dtype=torch.long, device=DEVICE)
+        kernels.sample_step(logits, sampling, uniform, embed, hidden, tokens, out, torch.tensor([0], device=DEVICE), 0)
+        assert int(tokens[0, 0]) == int(pick(logits, sampling, uniform)[0])
+        return int(tokens[0, 0])
+
+    top_p = SamplingConfig(greedy=False, top_p=0.9)  # mass 0.5 + 0.3 + 0.15 = 0.95 >= 0.9: tokens 0, 1, 2
+    assert [winner(t, top_p) for t in (0, 1, 2, 3, 40)] == [0, 1, 2, 0, 0]
+    top_p_wide = SamplingConfig(greedy=False, top_p=0.97)  # 0.95 < 0.97: token 3 joins
+    assert winner(3, top_p_wide) == 3 and winner(40, top_p_wide) == 0
+    logits[0, 2] = logits[0, 1]  # a tie at the second place: top-2 keeps both, as torch's top-k does
+    top_k = SamplingConfig(greedy=False, top_k=2)
+    assert [winner(t, top_k) for t in (1, 2, 3)] == [1, 2, 0]
+
+
+def test_the_sampling_kernel_refuses_a_vocabulary_that_would_not_fit_its_registers(kernels):
+    from inferlab.decode.sampling import SamplingConfig
+
+    assert kernels.sample_kernel_fits(32000) and not kernels.sample_kernel_fits(49152)
+    logits = torch.zeros(1, 49152, device=DEVICE)
+    with pytest.raises(ValueError, match="at most 32768 logits"):
+        kernels.sample_step(logits, SamplingConfig(greedy=False), logits, torch.zeros(49152, 2, device=DEVICE),
+                            torch.zeros(1, 2, device=DEVICE), torch.zeros(1, 1, dtype=torch.long, device=DEVICE),
+                            torch.zeros(1, 2, dtype=torch.long, device=DEVICE), torch.tensor([0], device=DEVICE), 0)
+    with pytest.raises(ValueError, match="sampling must be 'torch' or 'kernel'"):
+        kernels.LaunchPolicy(sampling="sort")
+
+
 @torch.inference_mode()
 def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
     prompt = random_prompt(tiny.model.config.vocab_size, 7, 2, torch.Generator().manual_seed(0), torch.device("cpu"))
@@ -381,26 +462,31 @@ def test_seeded_sampling_with_triton_kernels_draws_what_the_torch_step_draws(ker
     config = DecodeConfig(6, sampling=SamplingConfig(greedy=False, temperature=0.8, top_k=50, top_p=0.9), ignore_eos=True)
     graphs = DEVICE.type == "cuda"
     runs = []
-    for triton in (True, True, False):
-        engine = FastEngine(model, FastOptions(compile=False, graphs=graphs, triton=triton))
+    for triton, launch in ((True, None), (True, None), (False, None), (True, kernels.LaunchPolicy(sampling="kernel"))):
+        engine = FastEngine(model, FastOptions(compile=False, graphs=graphs, triton=triton, launch=launch))
         runs.append(engine.run(prompt, config, torch.Generator(DEVICE).manual_seed(7), HostClock()))
-    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])
+    assert engine._sample_kernel  # the last engine ended each step in the sampling kernel
+    assert all(torch.equal(runs[0], run) for run in runs[1:])
     assert len(set(runs[0].flatten().tolist())) > 1
 
 
 @pytest.mark.gpu
 def test_on_cuda_the_compiled_sample_step_in_the_graph_draws_what_the_torch_step_draws():
     """The defaults on CUDA: Triton decode step, `sample_step` compiled by inductor, all replayed
-    in a CUDA graph; fp32 logits and the same uniform draws give the same tokens."""
+    in a CUDA graph; fp32 logits and the same uniform draws give the same tokens; so does the
+    sampling kernel (`LaunchPolicy(sampling="kernel")`) replayed in the graph."""
     from inferlab.model.registry import load_model
     from inferlab.decode.sampling import SamplingConfig
 
     model = load_model("tiny-random", DEVICE, torch.float32).model
     prompt = random_prompt(model.config.vocab_size, 5, 2, torch.Generator().manual_seed(4), DEVICE)
     config = DecodeConfig(8, sampling=SamplingConfig(greedy=False, temperature=0.7, top_p=0.9), ignore_eos=True)
+    from inferlab.fast.kernels import LaunchPolicy
+
     runs = [FastEngine(model, options).run(prompt, config, torch.Generator(DEVICE).manual_seed(7), HostClock())
-            for options in (FastOptions(), FastOptions(compile=False, graphs=False, triton=False))]
-    assert torch.equal(runs[0], runs[1])
+            for options in (FastOptions(), FastOptions(compile=False, graphs=False, triton=False),
+                            FastOptions(launch=LaunchPolicy(sampling="kernel")))]
+    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])  # the last: the sampling kernel, in the graph
 
 
 def test_triton_kernels_on_cpu_are_refused_with_a_reason(tiny, monkeypatch):
@@ -460,7 +546,27 @@ def test_every_kernel_compiles_for_hopper_without_spilling():
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     for kernel in ("_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel", "_attention_decode_kernel",
-                   "_attention_split_kernel", "_attention_combine_kernel", "_greedy_step_kernel"):
+                   "_attention_split_kernel", "_attention_combine_kernel", "_greedy_step_kernel", "_sample_step_kernel"):
         assert any(kernel in line for line in lines), kernel
-    assert all("local     0 B" in line for line in lines)
+    assert all("local     0 B" in line and "spills in loops 0" in line for line in lines)
+    # no spill at all, but for the sampling kernel's once after its loops (aot.SPILLS_ONCE)
+    assert all("stack     0 B" in line for line in lines if "_sample_step_kernel" not in line)
+
+
+def test_loop_spills_counts_the_spills_between_a_backward_branch_and_its_target():
+    from inferlab.fast.aot import Compiled, loop_spills
+
+    sass = """
+        /*0000*/                   LDC R1, c[0x0][0x28] ;
+        /*0010*/                   STL [R1], R2 ;
+        /*0020*/                   FADD R3, R3, R4 ;
+        /*0030*/                   LDL R5, [R1+0x4] ;
+        /*0040*/               @P0 BRA 0x20 ;
+        /*0050*/                   LDL R6, [R1] ;
+        /*0060*/                   BRA 0x70 ;
+    """
+    assert loop_spills(sass) == 1  # the LDL at 0x30 repeats; the STL before the loop and the LDL after it do not
+    once = Compiled("_sample_step_kernel", "c", 64, 0, 200, 0, 0)
+    assert not once.spills and Compiled("_sample_step_kernel", "c", 64, 0, 200, 0, 1).spills
+    assert Compiled("_gemv_kernel", "c", 64, 0, 8, 0, 0).spills
 

@@ -344,7 +344,8 @@ def sample_step(logits: torch.Tensor, sampling: SamplingConfig, uniform: torch.T
 # prepared before (a sweep interleaves its configurations) restores it instead of rebuilding it.
 SHAPE_STATE = ("cache", "sampling", "prompt_ids", "prompt_positions", "tokens", "hidden", "position", "first_position", "out",
                "uniform",
-               "prompt_length", "new_tokens", "kernels", "_prefill", "_decode", "_prefill_graph", "_decode_graph")
+               "prompt_length", "new_tokens", "kernels", "_sample_kernel", "_prefill", "_decode", "_prefill_graph",
+               "_decode_graph")
 
 
 class FastEngine:
@@ -415,6 +416,9 @@ class FastEngine:
             from inferlab.fast import kernels as triton_ops
 
             self.kernels = triton_ops.Kernels(pdl=self.options.pdl, policy=self.options.launch or triton_ops.DEFAULT_POLICY)
+        # a sampled step ends in one kernel when the policy asks for it and a row of logits fits it
+        self._sample_kernel = (self.kernels is not None and not config.sampling.greedy
+                               and self.kernels.policy.sampling == "kernel" and triton_ops.sample_kernel_fits(vocab))
 
         if self._compiled is None:
             self._compiled = self._compile()
@@ -477,6 +481,10 @@ class FastEngine:
             if self.sampling.greedy:  # argmax, next embedding and bookkeeping: one kernel
                 self.kernels.greedy_step(logits, self.net.embed, self.hidden, self.tokens, self.out, self.position,
                                          self.prompt_length)
+                return
+            if self._sample_kernel:  # the thresholds, the draw and the bookkeeping: one kernel
+                self.kernels.sample_step(logits, self.sampling, self.uniform, self.net.embed, self.hidden, self.tokens,
+                                         self.out, self.position, self.prompt_length)
                 return
         self._sample_step(logits, self.sampling, self.uniform, self.net.embed, self.tokens, self.out,
                           None if self.kernels is None else self.hidden, self.position, self.first_position)
