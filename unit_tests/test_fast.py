@@ -96,6 +96,20 @@ def test_a_new_shape_compiles_nothing_and_builds_the_weights_once(tiny, monkeypa
     assert built == [1]
 
 
+def test_a_static_prefill_is_compiled_for_the_shapes_it_sees(tiny, monkeypatch):
+    """FastOptions(dynamic_prefill=False), the engine as it compiled before it prepared once per
+    model (the trade-off's "before"): the prefill's function is compiled without dynamic shapes,
+    so torch specializes, and recompiles, it for each new shape."""
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **options: compiled.append((getattr(fn, "__name__", type(fn).__name__), options)) or fn)
+    for scope, name in (("layer", "LayerStep"), ("model", "FastLlama")):
+        engine = FastEngine(tiny.model, FastOptions(compile=True, graphs=False, compile_mode="default",
+                                                    dynamic_prefill=False, prefill_compile=scope))
+        prompt, config = prompt_of(tiny.model, 5), DecodeConfig(4, ignore_eos=True)
+        assert torch.equal(engine.run(prompt, config, None, HostClock()), generate(tiny.model, prompt, config).tokens)
+        assert compiled[-2][0] == name and compiled[-2][1]["dynamic"] is False
+
+
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # inductor's CPU backend uses torch.jit internally
 def test_a_second_shape_reuses_the_compiled_prefill_and_decode_step(tiny):

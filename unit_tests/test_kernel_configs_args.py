@@ -33,3 +33,7 @@ def test_the_step_shapes_and_variants_are_read_in_order():
     # "head" is the kernel without ranges, as the engine ran before ranges became the default
     assert kernel_configs.STEP_ATTENTION["head"].head_range == 0
     assert kernel_configs.STEP_ATTENTION["ranges128"] == kernel_configs.ops.DEFAULT_POLICY
+    # "-static": the prefill compiled for each shape, as before the engine prepared once per model
+    assert kernel_configs.step_variants("head/matmul/model-static") == [("head", "matmul", "model-static")]
+    assert kernel_configs.compile_scope("model-static") == ("model", True)
+    assert kernel_configs.compile_scope("layer") == ("layer", False)

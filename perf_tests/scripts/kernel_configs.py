@@ -22,7 +22,8 @@ here when they differ from those in use.
                       the context, `attention_decode_split`) alone at short and long contexts,
                       and the decode step with each at prompts 128 and 1920 (TTFT, TPOT and
                       prepare time with the prefill's attention as matmul + softmax or one fused
-                      causal kernel, compiled as one graph or per layer)
+                      causal kernel, compiled as one graph or per layer, with dynamic shapes
+                      or, "-static", for each shape)
     --batch-sizes     only the decode step at several batch sizes: one GEMV program per row
                       against the tensor-core batched kernel's launch shapes
 """
@@ -210,18 +211,28 @@ def attention_variants(loaded, measured, pdl: bool, variants=None, shapes=None, 
     steps = []
     for prompt_length, output_length in shapes or STEP_SHAPES:
         for name, prefill, compiled in variants or STEP_VARIANTS:
+            scope, static = compile_scope(compiled)
             options = FastOptions(compile=True, graphs=True, triton=True, launch=STEP_ATTENTION[name],
-                                  prefill_attention=prefill, prefill_compile=compiled)
-            label = (f"decode attention {name}, prefill attention {prefill}, prefill compiled per {compiled}, "
-                     f"prompt {prompt_length}, {output_length} new")
+                                  prefill_attention=prefill, prefill_compile=scope, dynamic_prefill=not static)
+            label = (f"decode attention {name}, prefill attention {prefill}, prefill compiled per {scope}"
+                     f"{', per shape (static)' if static else ''}, prompt {prompt_length}, {output_length} new")
             steps.append({**step_tpot(loaded, measured, options, label, prompt_length=prompt_length,
                                       output_length=output_length),
                           "attention": name, "prefill_attention": prefill, "prefill_compile": compiled})
     return {"kernels": kernels, "steps": steps}
 
 
+def compile_scope(compiled: str) -> tuple[str, bool]:
+    """"model" -> ("model", False); "model-static" -> ("model", True): the prefill compiled for
+    each shape (`FastOptions(dynamic_prefill=False)`), as the engine compiled it before it
+    prepared once per model."""
+    scope, _, static = compiled.partition("-")
+    return scope, static == "static"
+
+
 # (decode attention, prefill attention, prefill compiled per): the engine as it was (the whole
-# prefill compiled, matmul attention), each change alone, the split attention, and the choice by
+# prefill compiled, matmul attention; "-static": compiled per shape, as before the engine prepared
+# once per model), each change alone, the split attention, and the choice by
 # cache length ("auto": split for caches of 2048 positions, `LaunchPolicy.split_min_cache`); "split2" and "auto2" the same with the
 # ranges combined by a second kernel; "ranges", "ranges128": the per-head kernel over ranges of 256
 # or 128 positions (where the cache holds more than one); "t64": its loop 64 positions at a time.
@@ -235,7 +246,8 @@ STEP_ATTENTION = {"head": ops.LaunchPolicy(head_range=0), "split": ops.LaunchPol
 STEP_VARIANTS = [("head", "matmul", "model"), ("head", "flash", "model"), ("head", "flash", "layer"),
                  ("split", "flash", "layer"), ("auto", "flash", "layer"), ("split2", "flash", "layer"),
                  ("auto2", "flash", "layer"), ("ranges", "flash", "layer"), ("ranges128", "flash", "layer"),
-                 ("t64", "flash", "layer"), ("t64ranges128", "flash", "layer")]
+                 ("t64", "flash", "layer"), ("t64ranges128", "flash", "layer"),
+                 ("head", "matmul", "model-static"), ("ranges128", "flash", "layer-static")]
 # (prompt, new tokens): caches of 256, 1024 (the default sweep's N = 500) and 2048 positions
 STEP_SHAPES = [(128, 128), (128, 500), (1920, 128)]
 
