@@ -6,11 +6,12 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
 
 - the reference shape (`--model`, batch 1, prompt 128, 128 new tokens) for fast, hf, hf-static
   and eager;
-- the fast engine at each `--batch-sizes`, at prompt `--long-prompt`, with temperature 0.7 and
-  top-p 0.9 sampling (the step ending in the compiled torch ops, the default, and in the sampling
-  kernel, `LaunchPolicy(sampling="kernel")`), and on `--small-model` (the embedded SmolLM2, real weights) when it loads,
-  there also without the attention's ranges (`head_range=0`: one kernel fewer per layer, for a
-  model whose step is bound by launches rather than bytes).
+- the fast engine at each `--batch-sizes` (from 4 rows also with `LaunchPolicy(rows_prefetch=True)`),
+  at prompt `--long-prompt`, with temperature 0.7 and top-p 0.9 sampling (the step ending in the
+  compiled torch ops, the default, and in the sampling kernel, `LaunchPolicy(sampling="kernel")`),
+  and on `--small-model` (the embedded SmolLM2, real weights) when it loads, there also without
+  the attention's ranges (`head_range=0`: one kernel fewer per layer, for a model whose step is
+  bound by launches rather than bytes).
 
 Then, per model, the correctness of the default fast engine (`teacher_forced_check`): its greedy
 tokens against the eager loop's, and both one's logit error against an fp32 reference on the
@@ -72,6 +73,10 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     """The reference shape for every engine, then the fast engine's other cases."""
     found = [Case(f"{engine} b1", engine, model) for engine in ("fast", "hf", "hf-static", "eager")]
     found += [Case(f"fast b{b}", "fast", model, batch_size=b) for b in batch_sizes if b != 1]
+    # from 4 rows the projections run the tensor-core kernel: here with its first weight tile loaded
+    # before the wait on the previous kernel, as the one-row kernel does (LaunchPolicy(rows_prefetch=True))
+    found += [Case(f"fast b{b} rows_prefetch", "fast", model, batch_size=b, launch=(("rows_prefetch", True),))
+              for b in batch_sizes if b >= 4]
     found.append(Case(f"fast prompt {long_prompt}", "fast", model, prompt_length=long_prompt))
     found += [Case("fast sampled", "fast", model, sampling=SAMPLED),
               Case("fast sampled kernel", "fast", model, sampling=SAMPLED, launch=(("sampling", "kernel"),))]
