@@ -37,3 +37,24 @@ def test_the_step_shapes_and_variants_are_read_in_order():
     assert kernel_configs.step_variants("head/matmul/model-static") == [("head", "matmul", "model-static")]
     assert kernel_configs.compile_scope("model-static") == ("model", True)
     assert kernel_configs.compile_scope("layer") == ("layer", False)
+
+
+def test_the_probed_matrices_come_from_the_models_config():
+    from types import SimpleNamespace
+
+    from inferlab.model.registry import RANDOM_CONFIGS
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import kernel_configs
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    tinyllama = kernel_configs.decode_matrices(SimpleNamespace(**RANDOM_CONFIGS["tinyllama-1.1b-random"]))
+    assert tinyllama == [("gate_up", 5632, 2048, "gated"), ("down", 2048, 5632, "residual"),
+                         ("lm_head", 32000, 2048, "logits"), ("qkv", 2560, 2048, "norm"), ("o", 2048, 2048, "residual")]
+    # SmolLM2-135M: hidden 576, 9 heads and 3 KV heads of 64, MLP 1536, vocabulary 49152
+    smollm2 = SimpleNamespace(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+                              vocab_size=49152)
+    assert kernel_configs.decode_matrices(smollm2) == [
+        ("gate_up", 1536, 576, "gated"), ("down", 576, 1536, "residual"), ("lm_head", 49152, 576, "logits"),
+        ("qkv", 960, 576, "norm"), ("o", 576, 576, "residual")]

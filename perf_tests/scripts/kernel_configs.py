@@ -48,18 +48,20 @@ from inferlab.measure import roofline
 from inferlab.fast import kernels as ops
 from inferlab.measure.bench import BenchConfig, run_benchmark
 from inferlab.fast.engine import FastEngine, FastOptions
+from inferlab.model import dims
 from inferlab.model.registry import load_model
 from inferlab.storage import new_run_folder, write_json_atomic
 from inferlab.measure.graph_timing import graph_us, time_per_launch_us
 
-# (name, N, K, kind): the five matrices of a TinyLlama decode step.
-SHAPES = [
-    ("gate_up", 5632, 2048, "gated"),
-    ("down", 2048, 5632, "residual"),
-    ("lm_head", 32000, 2048, "logits"),
-    ("qkv", 2560, 2048, "norm"),
-    ("o", 2048, 2048, "residual"),
-]
+def decode_matrices(config) -> list[tuple[str, int, int, str]]:
+    """(name, N, K, kind): the five matrices of a Llama decode step, from its config. `gemv`
+    launch shapes are keyed by (N, K, gated), so each model's shapes keep their own entries."""
+    hidden, heads, kv = int(config.hidden_size), dims.attention_heads(config), dims.kv_heads(config)
+    hd, inner = dims.head_dim(config), int(config.intermediate_size)
+    return [("gate_up", inner, hidden, "gated"), ("down", hidden, inner, "residual"),
+            ("lm_head", int(config.vocab_size), hidden, "logits"), ("qkv", (heads + 2 * kv) * hd, hidden, "norm"),
+            ("o", hidden, heads * hd, "residual")]
+
 # The full grid; `--narrow` keeps the neighbourhood of the shapes that won on an H200.
 TILES = [(1, 1024), (1, 2048), (2, 512), (2, 1024), (4, 256), (4, 512), (4, 1024), (8, 128), (8, 256), (8, 512),
          (16, 128), (16, 256), (32, 64), (32, 128)]
@@ -351,6 +353,9 @@ def step_breakdown(loaded, position: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--model", default="tinyllama-1.1b-random",
+                        help="the model whose matrices are probed and whose step is timed (default tinyllama-1.1b-random; "
+                             "smollm2-135m: its launch shapes, keyed by (N, K, gated) beside TinyLlama's)")
     parser.add_argument("--probe-budget-s", type=float, default=240, help="stop trying launch shapes after this long")
     parser.add_argument("--skip-step", action="store_true")
     parser.add_argument("--narrow", action="store_true", help="only the neighbourhood of the H200's best tiles")
@@ -389,14 +394,14 @@ def main() -> int:
     print(f"{env['device_name']} | torch {env['torch']} | triton {triton.__version__} | CUDA {env['cuda']} | "
           f"driver {env['driver']} | copy bandwidth {bandwidth / 1e9:.0f} GB/s", flush=True)
     if args.attention_variants:
-        loaded = load_model("tinyllama-1.1b-random", device, torch.bfloat16)
+        loaded = load_model(args.model, device, torch.bfloat16)
         report = attention_variants(loaded, measured, ops.pdl_supported(device) and not args.no_pdl, args.step_variants,
                                     args.step_shapes, kernel_table=not args.no_kernel_table)
         write_json_atomic(out / "attention.json", {"environment": env, "triton": triton.__version__,
                                                    "bandwidth": bandwidth, **report})
         return 0
     if args.batch_sizes:
-        loaded = load_model("tinyllama-1.1b-random", device, torch.bfloat16)
+        loaded = load_model(args.model, device, torch.bfloat16)
         candidates = ROWS_CANDIDATES if args.rows_candidates == "all" else [ops.DEFAULT_POLICY.rows_gemv]
         steps = batched_steps(loaded, measured, [int(b) for b in args.batch_sizes.split(",")], args.probe_budget_s,
                               candidates, [int(t) for t in args.rows_targets.split(",")])
@@ -407,24 +412,27 @@ def main() -> int:
     pdl = ops.pdl_supported(device) and not args.no_pdl
     print(f"programmatic dependent launch: {'on' if pdl else 'off'}", flush=True)
     tiles = NARROW_TILES if args.narrow else TILES
-    shapes = [] if args.no_gemv_probe else [probe_shape(*shape, device, bandwidth, deadline, tiles, pdl) for shape in SHAPES]
+    loaded = load_model(args.model, device, torch.bfloat16)
+    matrices = decode_matrices(loaded.model.config)
+    layers = int(loaded.model.config.num_hidden_layers)
+    shapes = [] if args.no_gemv_probe else [probe_shape(*shape, device, bandwidth, deadline, tiles, pdl) for shape in matrices]
     attention = [row for position in (128, 255) for row in probe_attention(device, position, 256, pdl)]
     report = {"environment": env, "triton": triton.__version__, "bandwidth": bandwidth, "pdl": pdl, "shapes": shapes,
               "attention": attention}
     write_json_atomic(out / "probes.json", report)  # kept if the step measurements below fail
 
     best = {(s["N"], s["K"], s["kind"] == "gated"): ops.LaunchConfig(**s["results"][0]["config"]) for s in shapes if s["results"]}
-    if len(best) == len(SHAPES):
+    if len(best) == len(matrices):
         per_layer_us = sum(s["results"][0]["us"] for s in shapes if s["name"] != "lm_head")
         attention_us = min(r["us"] for r in attention if r["position"] == 128)
         lm_us = next(s["results"][0]["us"] for s in shapes if s["name"] == "lm_head")
-        print(f"sum of best kernel times: 22 x ({per_layer_us:.2f} + attention {attention_us:.2f}) + lm_head {lm_us:.2f} "
-              f"= {(22 * (per_layer_us + attention_us) + lm_us) / 1e3:.4f} ms", flush=True)
+        print(f"sum of best kernel times: {layers} x ({per_layer_us:.2f} + attention {attention_us:.2f}) + lm_head "
+              f"{lm_us:.2f} = {(layers * (per_layer_us + attention_us) + lm_us) / 1e3:.4f} ms (attention at TinyLlama's heads)",
+              flush=True)
         print("MEASURED_GEMV = {" + ", ".join(f"{k}: LaunchConfig({c.block_n}, {c.block_k}, {c.num_warps}, {c.num_stages})"
                                               for k, c in best.items()) + "}", flush=True)
     if args.skip_step:
         return 0
-    loaded = load_model("tinyllama-1.1b-random", device, torch.bfloat16)
     report["breakdown"] = [step_breakdown(loaded, position) for position in (128, 192, 255)]
     in_use = ops.DEFAULT_POLICY.gemv
     steps = []
