@@ -8,7 +8,8 @@ register pressure, spills).
 Each kernel is compiled by Triton to a cubin for the target (`ptxas` ships with Triton) and its
 resource usage read back with `cuobjdump`. Exit 1 if a kernel fails to compile or spills (to local
 memory or to the stack frame, where ptxas puts spilled registers); a kernel of SPILLS_ONCE may
-spill outside its loops only. Run it with TRITON_INTERPRET unset: under the interpreter `triton.jit` does not compile.
+spill outside its loops only. Run it with TRITON_INTERPRET unset: under the interpreter
+`triton.jit` does not compile.
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         flags = dict(V=vocab, H=hidden, BLOCK_V=block, BLOCK_H=1024, TEMPERATURE=True, TOP_K=top_k, TOP_P=top_p,
                      ONE_ROW=False)
         cases.append((f"sample step vocab {vocab}{' top-k' if top_k else ''} top-p", kernels._sample_step_kernel,
-                      sample, flags, dict(num_warps=min(32, max(4, block // 1024)))))
+                      sample, flags, dict(num_warps=kernels.sample_warps(block))))
     return cases
 
 

@@ -1078,6 +1078,12 @@ def sample_kernel_fits(vocab: int) -> bool:
     return vocab <= SAMPLE_MAX_VOCAB
 
 
+def sample_warps(block: int) -> int:
+    """Warps of the sampling kernel's one program for a row padded to `block`: 32 logits a thread
+    up to 1024 threads."""
+    return min(32, max(4, block // 1024))
+
+
 def sample_step(
     logits: torch.Tensor,
     sampling,
@@ -1110,7 +1116,7 @@ def sample_step(
         logits, uniform, embed, hidden, tokens, out, position, arrivals, M, out.stride(0), first_position,
         float(sampling.temperature), top_p, top_k,
         V=V, H=H, BLOCK_V=block, BLOCK_H=1024, TEMPERATURE=sampling.temperature != 1.0, TOP_K=top_k > 0,
-        TOP_P=top_p < 1.0, ONE_ROW=M == 1, num_warps=min(32, max(4, block // 1024)),
+        TOP_P=top_p < 1.0, ONE_ROW=M == 1, num_warps=sample_warps(block),
     )
 
 
