@@ -58,3 +58,16 @@ def test_the_probed_matrices_come_from_the_models_config():
     assert kernel_configs.decode_matrices(smollm2) == [
         ("gate_up", 1536, 576, "gated"), ("down", 576, 1536, "residual"), ("lm_head", 49152, 576, "logits"),
         ("qkv", 960, 576, "norm"), ("o", 576, 576, "residual")]
+
+
+def test_a_tile_wider_than_k_is_tried_only_where_it_holds_the_row_whole():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import kernel_configs
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    # SmolLM2: K = 576 takes one tile of 1024 (the row loaded before the wait), not 2048; K = 1536 one of 2048
+    assert kernel_configs.tile_fits(512, 576) and kernel_configs.tile_fits(1024, 576)
+    assert not kernel_configs.tile_fits(2048, 576)
+    assert kernel_configs.tile_fits(2048, 1536) and kernel_configs.tile_fits(2048, 2048)
+    assert not kernel_configs.tile_fits(4096, 2048)

@@ -83,6 +83,24 @@ def test_gemv_kernel_computes_the_specified_function(kernels, dtype, shape, vari
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
+@pytest.mark.parametrize("M", [1, 3])
+# tiles of 64 columns: two tiles (masked when K = 96) or exactly one (K = 64); 128: one tile, wider
+# than K = 96 and 64 (masked) or exactly K = 128, where the input is read once for norm and products
+@pytest.mark.parametrize("block_k", [64, 128])
+def test_the_one_row_kernel_with_early_loads_computes_what_it_computes_without(kernels, dtype, shape, variant, M,
+                                                                               block_k):
+    """`LaunchPolicy(early_loads=True)` moves loads, not arithmetic: the same bits as the kernel
+    without it, and the specified function."""
+    x, weight, kwargs = gemv_case(M, shape, variant, dtype)
+    config = kernels.LaunchConfig(block_n=8, block_k=block_k, num_warps=4, num_stages=1)
+    early = kernels.gemv(x, weight, config=config, policy=kernels.LaunchPolicy(early_loads=True), **kwargs)
+    assert torch.equal(early, kernels.gemv(x, weight, config=config, **kwargs))
+    assert_same_function(early, decode_ops.gemv(x, weight, **kwargs))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
 @pytest.mark.parametrize("M", [2, 3, 8])  # a power of two of rows; 3 rows padded to 4 (masked)
 @pytest.mark.parametrize("block_k", [32, None])  # several K tiles (masked when K = 96); the default shape
 def test_the_cuda_core_batch_kernel_computes_the_specified_function(kernels, dtype, shape, variant, M, block_k):
@@ -435,10 +453,10 @@ def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
                      {"batched": "cuda"}, {"attention": "auto", "split_min_cache": 8})],
     # the attention variants merged by the combine kernel: the batch changes nothing in them
     (2, {"attention": "split", "split_combine": "kernel"}), (2, {"head_block_t": 8, "head_range": 8}),
-    (2, {"rows_min_batch": 2, "rows_prefetch": True})],
+    (2, {"rows_min_batch": 2, "rows_prefetch": True}), (1, {"early_loads": True})],
     ids=[*[f"{name}-{batch}" for batch in (2, 4) for name in ("defaults", "split-attention", "split-k", "cuda-batch",
                                                                "auto-attention")],
-         "split-combine-kernel-2", "head-ranges-2", "rows-prefetch-2"])
+         "split-combine-kernel-2", "head-ranges-2", "rows-prefetch-2", "early-loads-1"])
 def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch, policy):
     from inferlab.model.registry import load_model
 

@@ -15,6 +15,7 @@ spill outside its loops only. Run it with TRITON_INTERPRET unset: under the inte
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import subprocess
@@ -62,11 +63,17 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
     greedy = dict(logits_ptr=fp32, embed_ptr=bf16, hidden_ptr=bf16, tokens_ptr=i64, out_ptr=i64, pos_ptr=i64,
                   arrivals_ptr=i32, M="i32", out_stride="i32", first_position="i32")
     cases = []
-    for (n, k, gated), config in kernels.MEASURED_GEMV.items():
+    # the measured shapes, then SmolLM2's narrow matrices in one tile wider than K (masked), each
+    # as it runs and with its loads issued early (LaunchPolicy(early_loads=True))
+    one_row = [(n, k, gated, config, True) for (n, k, gated), config in kernels.MEASURED_GEMV.items()]
+    one_row += [(960, 576, False, kernels.LaunchConfig(2, 1024, 4, 1), False),
+                (1536, 576, True, kernels.LaunchConfig(2, 1024, 4, 1), False),
+                (576, 1536, False, kernels.LaunchConfig(1, 2048, 4, 1), False)]
+    for (n, k, gated, config, even_k), early in itertools.product(one_row, (False, True)):
         flags = dict(N=n, K=k, NORM=True, GATED=gated, RESIDUAL=not gated, BLOCK_N=config.block_n,
-                     BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=True, PDL=True)
-        cases.append((f"gemv {n}x{k}", kernels._gemv_kernel, gemv, flags,
-                      dict(num_warps=config.num_warps, num_stages=config.num_stages)))
+                     BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=even_k, PDL=True, EARLY=early)
+        cases.append((f"gemv {n}x{k} tile {config.block_n}x{config.block_k}{' early loads' if early else ''}",
+                      kernels._gemv_kernel, gemv, flags, dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     rows = kernels.DEFAULT_POLICY.rows_gemv
     # (n, k, norm, gated, residual, split-K): [q; k; v], [gate; up] and down as the batched step runs them
     # and the same with the first weight tile loaded before the wait (LaunchPolicy(rows_prefetch=True))

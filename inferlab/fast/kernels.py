@@ -36,6 +36,8 @@ import torch
 import triton
 import triton.language as tl
 
+from inferlab.decode.sampling import SamplingConfig
+
 
 @dataclass(frozen=True)
 class LaunchConfig:
@@ -90,6 +92,11 @@ class LaunchPolicy:
     # the tensor-core kernel loads its first weight tile before waiting on the previous kernel
     # (as the one-row kernel does); to be measured against waiting first
     rows_prefetch: bool = False
+    # the one-row kernel issues every load that does not wait on a reduction at once (the residual
+    # beside the input; where K fits one tile, the norm weight before the wait and the input read
+    # once for its norm and its products): one or two round trips to memory fewer per kernel
+    # (`_gemv_kernel`'s EARLY). To be measured before it is the default.
+    early_loads: bool = False
     # "head": one program per query head (`attention_decode`); "split": one per KV head and range
     # of the context, combined in the kernel (`attention_decode_split`), with these tiles and ranges;
     # "auto": "split" for a cache of at least `split_min_cache` positions, else "head"
@@ -217,19 +224,28 @@ def _weight_tile(w_ptr, rows, offs_k, mask_n, K: tl.constexpr, EVEN: tl.constexp
 
 
 @triton.jit
+def _load_row(x_row, offs_k, K: tl.constexpr, EVEN_K: tl.constexpr):
+    """x[offs_k], zero past K."""
+    if EVEN_K:
+        return tl.load(x_row + offs_k)
+    return tl.load(x_row + offs_k, mask=offs_k < K, other=0.0)
+
+
+@triton.jit
 def _input_tile(x_row, norm_ptr, offs_k, scale, K: tl.constexpr, NORM: tl.constexpr, EVEN_K: tl.constexpr, dtype):
     """x[offs_k] as float32 [1, BLOCK_K], RMS-normalized and scaled by the norm weight when NORM."""
-    if EVEN_K:
-        xv = tl.load(x_row + offs_k)
-    else:
-        xv = tl.load(x_row + offs_k, mask=offs_k < K, other=0.0)
+    xv = _load_row(x_row, offs_k, K, EVEN_K)
     if NORM:
-        if EVEN_K:
-            g = tl.load(norm_ptr + offs_k)
-        else:
-            g = tl.load(norm_ptr + offs_k, mask=offs_k < K, other=0.0)
-        xv = (xv.to(tl.float32) * scale).to(dtype)
-        xv = (g.to(tl.float32) * xv.to(tl.float32)).to(dtype)
+        return _normed(xv, _load_row(norm_ptr, offs_k, K, EVEN_K), scale, dtype)
+    return xv.to(tl.float32)[None, :]
+
+
+@triton.jit
+def _normed(xv, g, scale, dtype):
+    """x tile times its RMS scale, then times the norm weight g, rounded to `dtype` after each
+    product as the specification rounds them; as float32 [1, BLOCK_K]."""
+    xv = (xv.to(tl.float32) * scale).to(dtype)
+    xv = (g.to(tl.float32) * xv.to(tl.float32)).to(dtype)
     return xv.to(tl.float32)[None, :]
 
 
@@ -248,12 +264,17 @@ def _gemv_kernel(
     N: tl.constexpr, K: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr,
 ):
     """out[m, n] for BLOCK_N consecutive n of one row m; the program reads its rows of W once.
 
     The first tile of W is loaded before waiting on the previous kernel: weights are never
     written, so under programmatic dependent launch the read starts while that kernel finishes.
+
+    EARLY issues every load that does not wait on a reduction at once: the residual right after
+    the wait, beside the input; and where K fits one tile, the norm weight before the wait and the
+    input once for its norm and its products. Otherwise each is a further round trip to memory
+    after a reduction.
     """
     pid = tl.program_id(0)
     m = pid % M  # programs of one weight block and different rows run side by side: L2 shares W
@@ -267,13 +288,26 @@ def _gemv_kernel(
     w = _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K)
     if GATED:
         u = _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K)
+    ONE_READ: tl.constexpr = EARLY and K <= BLOCK_K
+    if ONE_READ and NORM:
+        g = _load_row(norm_ptr, offs_k, K, EVEN_K)  # a weight too: read before the wait
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()  # from here on, the previous kernel's writes are visible
+    if EARLY and RESIDUAL:
+        r = tl.load(res_ptr + m * N + offs_n, mask=mask_n, other=0.0)
     scale = 1.0
-    if NORM:
-        scale = _rms_scale(x_row, eps, K, BLOCK_K)
-    xf = _input_tile(x_row, norm_ptr, offs_k, scale, K, NORM, EVEN_K, dtype)
+    if ONE_READ:
+        xv = _load_row(x_row, offs_k, K, EVEN_K)
+        if NORM:
+            v = xv.to(tl.float32)
+            xf = _normed(xv, g, 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / K + eps), dtype)
+        else:
+            xf = xv.to(tl.float32)[None, :]
+    else:
+        if NORM:
+            scale = _rms_scale(x_row, eps, K, BLOCK_K)
+        xf = _input_tile(x_row, norm_ptr, offs_k, scale, K, NORM, EVEN_K, dtype)
     acc = w.to(tl.float32) * xf
     if GATED:
         acc_up = u.to(tl.float32) * xf
@@ -287,7 +321,8 @@ def _gemv_kernel(
     if GATED:
         y = _silu_times(y, tl.sum(acc_up, axis=1).to(dtype), dtype)
     if RESIDUAL:
-        r = tl.load(res_ptr + m * N + offs_n, mask=mask_n, other=0.0)
+        if not EARLY:
+            r = tl.load(res_ptr + m * N + offs_n, mask=mask_n, other=0.0)
         y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
     tl.store(out_ptr + m * N + offs_n, y.to(out_ptr.dtype.element_ty), mask=mask_n)
 
@@ -538,7 +573,7 @@ def gemv(
         c = config or policy.gemv_config(N, K, gated)
         _gemv_kernel[(M * triton.cdiv(N, c.block_n),)](
             *operands, **flags, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-            EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0,
+            EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, EARLY=policy.early_loads,
             num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
         )
         return out
@@ -1086,7 +1121,7 @@ def sample_warps(block: int) -> int:
 
 def sample_step(
     logits: torch.Tensor,
-    sampling,
+    sampling: SamplingConfig,
     uniform: torch.Tensor,
     embed: torch.Tensor,
     hidden: torch.Tensor,

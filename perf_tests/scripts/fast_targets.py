@@ -6,12 +6,14 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
 
 - the reference shape (`--model`, batch 1, prompt 128, 128 new tokens) for fast, hf, hf-static
   and eager;
-- the fast engine at each `--batch-sizes` (from 4 rows also with `LaunchPolicy(rows_prefetch=True)`),
+- the fast engine with `LaunchPolicy(early_loads=True)` at the reference shape;
+- the fast engine at each `--batch-sizes` (up to 8 rows also with `LaunchPolicy(batched="cuda")`,
+  from 4 rows also with `LaunchPolicy(rows_prefetch=True)`),
   at prompt `--long-prompt`, with temperature 0.7 and top-p 0.9 sampling (the step ending in the
   compiled torch ops, the default, and in the sampling kernel, `LaunchPolicy(sampling="kernel")`),
   and on `--small-model` (the embedded SmolLM2, real weights) when it loads, there also without
   the attention's ranges (`head_range=0`: one kernel fewer per layer, for a model whose step is
-  bound by launches rather than bytes).
+  bound by launches rather than bytes) and with `early_loads`.
 
 Then, per model, the correctness of the default fast engine (`teacher_forced_check`): its greedy
 tokens against the eager loop's, and both one's logit error against an fp32 reference on the
@@ -72,7 +74,12 @@ class Target:
 def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prompt: int) -> list[Case]:
     """The reference shape for every engine, then the fast engine's other cases."""
     found = [Case(f"{engine} b1", engine, model) for engine in ("fast", "hf", "hf-static", "eager")]
+    # the one-row kernel with its loads that wait on no reduction issued at once (LaunchPolicy(early_loads=True))
+    found.append(Case("fast b1 early_loads", "fast", model, launch=(("early_loads", True),)))
     found += [Case(f"fast b{b}", "fast", model, batch_size=b) for b in batch_sizes if b != 1]
+    # up to 8 rows, each weight tile multiplied into every row on the CUDA cores (LaunchPolicy(batched="cuda"))
+    found += [Case(f"fast b{b} cuda-core", "fast", model, batch_size=b, launch=(("batched", "cuda"),))
+              for b in batch_sizes if 2 <= b <= 8]
     # from 4 rows the projections run the tensor-core kernel: here with its first weight tile loaded
     # before the wait on the previous kernel, as the one-row kernel does (LaunchPolicy(rows_prefetch=True))
     found += [Case(f"fast b{b} rows_prefetch", "fast", model, batch_size=b, launch=(("rows_prefetch", True),))
@@ -82,7 +89,8 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
               Case("fast sampled kernel", "fast", model, sampling=SAMPLED, launch=(("sampling", "kernel"),))]
     if small_model:
         found += [Case(f"fast {small_model}", "fast", small_model),
-                  Case(f"fast {small_model} head_range=0", "fast", small_model, launch=(("head_range", 0),))]
+                  Case(f"fast {small_model} head_range=0", "fast", small_model, launch=(("head_range", 0),)),
+                  Case(f"fast {small_model} early_loads", "fast", small_model, launch=(("early_loads", True),))]
     return found
 
 

@@ -17,6 +17,7 @@ here when they differ from those in use.
     --no-gemv-probe   skip the projections' launch-shape search (the rest takes ~1 minute)
     --narrow          search only near the H200's best shapes
     --no-pdl          probe the kernels launched one after another
+    --early-loads     probe and time the one-row kernel with `LaunchPolicy(early_loads=True)`
     --attention-variants
                       only the two attention kernels (one program per query head; split over
                       the context, `attention_decode_split`) alone at short and long contexts,
@@ -62,11 +63,12 @@ def decode_matrices(config) -> list[tuple[str, int, int, str]]:
             ("lm_head", int(config.vocab_size), hidden, "logits"), ("qkv", (heads + 2 * kv) * hd, hidden, "norm"),
             ("o", hidden, heads * hd, "residual")]
 
-# The full grid; `--narrow` keeps the neighbourhood of the shapes that won on an H200. Tiles wider
-# than K are skipped; (1, 256), (1, 512) and (2, 256) give a small model's narrow matrices (SmolLM2:
-# K = 576, N = 576 for o and down) enough programs to fill the GPU.
-TILES = [(1, 256), (1, 512), (1, 1024), (1, 2048), (2, 256), (2, 512), (2, 1024), (4, 256), (4, 512), (4, 1024),
-         (8, 128), (8, 256), (8, 512), (16, 128), (16, 256), (32, 64), (32, 128)]
+# The full grid; `--narrow` keeps the neighbourhood of the shapes that won on an H200. Of the tiles
+# wider than K only one of one tile is tried (`tile_fits`): the whole row of W loaded before the wait
+# on the previous kernel. (1, 256), (1, 512) and (2, 256) give a small model's narrow matrices
+# (SmolLM2: K = 576, N = 576 for o and down) enough programs to fill the GPU.
+TILES = [(1, 256), (1, 512), (1, 1024), (1, 2048), (2, 256), (2, 512), (2, 1024), (2, 2048), (4, 256), (4, 512),
+         (4, 1024), (8, 128), (8, 256), (8, 512), (16, 128), (16, 256), (32, 64), (32, 128)]
 NARROW_TILES = [(1, 1024), (1, 2048), (2, 1024), (2, 2048), (4, 1024), (4, 2048)]
 WARPS = [4, 8]
 STAGES = [1, 3]
@@ -83,8 +85,13 @@ def kwargs_for(kind: str, x: torch.Tensor, N: int) -> dict:
     }[kind]
 
 
+def tile_fits(block_k: int, K: int) -> bool:
+    """A K-tile worth trying for K columns: at most K, or the one power of two that holds K whole."""
+    return block_k < 2 * K
+
+
 def probe_shape(name: str, N: int, K: int, kind: str, device, bandwidth: float, deadline: float, tiles: list,
-                pdl: bool) -> dict:
+                pdl: bool, policy: ops.LaunchPolicy = ops.DEFAULT_POLICY) -> dict:
     gated = kind == "gated"
     rows = 2 * N if gated else N
     weight_bytes = rows * K * 2
@@ -93,15 +100,16 @@ def probe_shape(name: str, N: int, K: int, kind: str, device, bandwidth: float, 
     x = torch.randn(1, K, device=device, dtype=torch.bfloat16)
     kwargs = kwargs_for(kind, x, N)
     expected = decode_ops.gemv(x, weights[0], **kwargs)
-    got = ops.gemv(x, weights[0], **kwargs)
+    got = ops.gemv(x, weights[0], policy=policy, **kwargs)
     error = ((got.float() - expected.float()).norm() / expected.float().norm()).item()
     results = []
     for (bn, bk), warps, stages in itertools.product(tiles, WARPS, STAGES):
-        if bk > K or time.perf_counter() > deadline:
+        if not tile_fits(bk, K) or time.perf_counter() > deadline:
             continue
         config = ops.LaunchConfig(bn, bk, warps, stages)
         try:
-            us = time_per_launch_us([lambda w=w: ops.gemv(x, w, config=config, pdl=pdl, **kwargs) for w in weights])
+            us = time_per_launch_us([lambda w=w: ops.gemv(x, w, config=config, pdl=pdl, policy=policy, **kwargs)
+                                     for w in weights])
         except Exception as error_:  # a shape the compiler rejects (registers, shared memory)
             print(f"  {name} {config}: {type(error_).__name__}", flush=True)
             continue
@@ -363,6 +371,8 @@ def main() -> int:
     parser.add_argument("--narrow", action="store_true", help="only the neighbourhood of the H200's best tiles")
     parser.add_argument("--no-pdl", action="store_true", help="probe the kernels launched one after another")
     parser.add_argument("--no-gemv-probe", action="store_true", help="skip probing the projections' launch shapes")
+    parser.add_argument("--early-loads", action="store_true",
+                        help="probe the one-row kernel with LaunchPolicy(early_loads=True), and time the step with it")
     parser.add_argument("--batch-sizes", default=None,
                         help="only the decode step at these batch sizes (e.g. 1,2,4,8): per-row programs against the "
                              "tensor-core kernel's launch shapes, within --probe-budget-s")
@@ -417,10 +427,12 @@ def main() -> int:
     loaded = load_model(args.model, device, torch.bfloat16)
     matrices = decode_matrices(loaded.model.config)
     layers = int(loaded.model.config.num_hidden_layers)
-    shapes = [] if args.no_gemv_probe else [probe_shape(*shape, device, bandwidth, deadline, tiles, pdl) for shape in matrices]
+    policy = ops.LaunchPolicy(early_loads=args.early_loads)
+    shapes = [] if args.no_gemv_probe else [probe_shape(*shape, device, bandwidth, deadline, tiles, pdl, policy)
+                                            for shape in matrices]
     attention = [row for position in (128, 255) for row in probe_attention(device, position, 256, pdl)]
-    report = {"environment": env, "triton": triton.__version__, "bandwidth": bandwidth, "pdl": pdl, "shapes": shapes,
-              "attention": attention}
+    report = {"environment": env, "triton": triton.__version__, "bandwidth": bandwidth, "pdl": pdl,
+              "early_loads": args.early_loads, "shapes": shapes, "attention": attention}
     write_json_atomic(out / "probes.json", report)  # kept if the step measurements below fail
 
     best = {(s["N"], s["K"], s["kind"] == "gated"): ops.LaunchConfig(**s["results"][0]["config"]) for s in shapes if s["results"]}
@@ -441,10 +453,15 @@ def main() -> int:
     for pdl_on in (False, True):
         options = FastOptions(compile=False, graphs=True, triton=True, pdl=pdl_on)
         steps.append(step_tpot(loaded, measured, options, f"triton, shapes in use, PDL {'on' if pdl_on else 'off'}"))
+    early = " early loads," if args.early_loads else ""
+    if args.early_loads:
+        options = FastOptions(compile=False, graphs=True, triton=True, pdl=pdl, launch=policy)
+        steps.append(step_tpot(loaded, measured, options, f"triton, shapes in use,{early} PDL {'on' if pdl else 'off'}"))
     if any(in_use.get(key) != config for key, config in best.items()):
-        probed = ops.LaunchPolicy(gemv=MappingProxyType({**in_use, **best}))
+        probed = replace(policy, gemv=MappingProxyType({**in_use, **best}))
         options = FastOptions(compile=False, graphs=True, triton=True, pdl=pdl, launch=probed)
-        steps.append(step_tpot(loaded, measured, options, f"triton, best shapes of this probe, PDL {'on' if pdl else 'off'}"))
+        steps.append(step_tpot(loaded, measured, options,
+                               f"triton, best shapes of this probe,{early} PDL {'on' if pdl else 'off'}"))
     report["steps"] = steps
     write_json_atomic(out / "kernels.json", report)
     return 0
