@@ -13,6 +13,7 @@ SCRIPT = ROOT / "perf_tests" / "scripts" / "kernel_configs.py"
 @pytest.mark.parametrize("argument, message", [
     ("--step-shapes=128", "is not PROMPTxNEW"), ("--step-shapes=0x128", "is not PROMPTxNEW"),
     ("--step-shapes=ax1", "is not PROMPTxNEW"), ("--step-variants=head/flash/model2", "unknown"),
+    ("--probe-rows=1", "of 2 rows or more"), ("--probe-rows=4,x", "of 2 rows or more"),
 ])
 def test_a_bad_step_shape_or_variant_is_refused_in_one_line_before_any_device_work(argument, message):
     done = subprocess.run([sys.executable, str(SCRIPT), "--out", "unused", "--attention-variants", argument],
@@ -71,3 +72,22 @@ def test_a_tile_wider_than_k_is_tried_only_where_it_holds_the_row_whole():
     assert not kernel_configs.tile_fits(2048, 576)
     assert kernel_configs.tile_fits(2048, 1536) and kernel_configs.tile_fits(2048, 2048)
     assert not kernel_configs.tile_fits(4096, 2048)
+
+
+def test_each_batch_size_is_probed_with_the_kernels_that_can_serve_it():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import kernel_configs
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    assert kernel_configs.row_counts("4,16") == [4, 16]
+    four, sixteen = kernel_configs.rows_variants(4), kernel_configs.rows_variants(16)
+    assert list(four) == ["per-row", "cuda-core", "tensor", "tensor prefetch", "tensor split-K 264"]
+    assert "cuda-core" not in sixteen  # beyond the CUDA-core kernel's 8 rows
+    ops = kernel_configs.ops
+    # each policy picks the kernel its name says at that many rows
+    assert four["per-row"].rows_min_batch == 5 and sixteen["per-row"].rows_min_batch == 17
+    assert four["cuda-core"].batched == "cuda" and 4 <= four["cuda-core"].cuda_max_rows
+    assert all(p.rows_min_batch == 2 and p.batched == "tensor" for k, p in four.items() if k.startswith("tensor"))
+    assert four["tensor prefetch"].rows_prefetch and four["tensor split-K 264"].rows_target_programs == 264
+    assert four["tensor"].rows_gemv == ops.DEFAULT_POLICY.rows_gemv and not four["tensor"].rows_prefetch

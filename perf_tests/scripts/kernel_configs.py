@@ -25,6 +25,7 @@ here when they differ from those in use.
                       prepare time with the prefill's attention as matmul + softmax or one fused
                       causal kernel, compiled as one graph or per layer, with dynamic shapes
                       or, "-static", for each shape)
+    --probe-rows      only each projection alone at several batch sizes, with every batched kernel
     --batch-sizes     only the decode step at several batch sizes: one GEMV program per row
                       against the tensor-core batched kernel's launch shapes
 """
@@ -132,6 +133,45 @@ def probe_shape(name: str, N: int, K: int, kind: str, device, bandwidth: float, 
     return {"name": name, "N": N, "K": K, "kind": kind, "weight_bytes": weight_bytes, "copies": copies,
             "relative_error_vs_spec": error, "results": results, "cublas_us": cublas_us, "cublas_bytes": cublas_bytes,
             "default_us": default_us, "in_use": current, "in_use_us": current_us, "pdl": pdl}
+
+
+def rows_variants(rows: int) -> dict[str, ops.LaunchPolicy]:
+    """The batched projection kernels that can serve `rows` rows, as the policies that pick them:
+    one program per row; the CUDA-core kernel (up to its row limit); the tensor-core kernel as it
+    runs, with its first tile loaded before the wait, and split over K to two programs per SM."""
+    tensor = replace(ops.DEFAULT_POLICY, rows_min_batch=2)
+    variants = {"per-row": replace(ops.DEFAULT_POLICY, rows_min_batch=rows + 1)}
+    if rows <= ops.DEFAULT_POLICY.cuda_max_rows:
+        variants["cuda-core"] = replace(ops.DEFAULT_POLICY, batched="cuda")
+    variants.update({"tensor": tensor, "tensor prefetch": replace(tensor, rows_prefetch=True),
+                     "tensor split-K 264": replace(tensor, rows_target_programs=264)})
+    return variants
+
+
+def probe_rows(name: str, N: int, K: int, kind: str, rows: int, device, bandwidth: float, pdl: bool) -> dict:
+    """Each batched kernel (`rows_variants`) on one matrix at `rows` rows, in the shapes the policies
+    give: checked against the specification, then timed with the weights rotated out of L2 as in
+    `probe_shape`. A batch reads the weights once, so the bandwidth is weight bytes / time."""
+    gated = kind == "gated"
+    weight_bytes = (2 * N if gated else N) * K * 2
+    copies = max(2, math.ceil(L2_ROTATION_BYTES / weight_bytes))
+    weights = [torch.randn(2 * N if gated else N, K, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    x = torch.randn(rows, K, device=device, dtype=torch.bfloat16)
+    kwargs = kwargs_for(kind, x, N)
+    expected = decode_ops.gemv(x, weights[0], **kwargs).float()
+    results = {}
+    for label, policy in rows_variants(rows).items():
+        got = ops.gemv(x, weights[0], policy=policy, pdl=pdl, **kwargs).float()
+        error = ((got - expected).norm() / expected.norm()).item()
+        us = time_per_launch_us([lambda w=w: ops.gemv(x, w, policy=policy, pdl=pdl, **kwargs) for w in weights])
+        results[label] = {"us": us, "gb_s": weight_bytes / us / 1e3, "relative_error_vs_spec": error}
+    print(f"rows {rows:2d} {name:8s} N={N:6d} K={K:5d} {weight_bytes / 1e6:6.1f} MB | " + " | ".join(
+        f"{label} {r['us']:.2f} us {100 * r['gb_s'] * 1e9 / bandwidth:.0f}% (err {r['relative_error_vs_spec']:.0e})"
+        for label, r in results.items()), flush=True)
+    del weights
+    torch.cuda.empty_cache()
+    return {"name": name, "N": N, "K": K, "kind": kind, "rows": rows, "weight_bytes": weight_bytes, "pdl": pdl,
+            "results": results}
 
 
 def probe_attention(device, position: int, max_seq: int, pdl: bool) -> list[dict]:
@@ -275,6 +315,17 @@ def step_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
+def row_counts(text: str) -> list[int]:
+    """--probe-rows 4,16 -> [4, 16]: batch sizes of 2 rows or more."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 2:
+        raise argparse.ArgumentTypeError(f"--probe-rows: {text!r} is not ROWS[,ROWS...] of 2 rows or more, e.g. 4,16")
+    return counts
+
+
 def step_variants(text: str) -> list[tuple[str, str, str]]:
     """--step-variants head/matmul/model,split/flash/layer -> the STEP_VARIANTS named."""
     known = {"/".join(v): v for v in STEP_VARIANTS}
@@ -376,6 +427,10 @@ def main() -> int:
     parser.add_argument("--batch-sizes", default=None,
                         help="only the decode step at these batch sizes (e.g. 1,2,4,8): per-row programs against the "
                              "tensor-core kernel's launch shapes, within --probe-budget-s")
+    parser.add_argument("--probe-rows", type=row_counts, default=None,
+                        help="only each projection at these batch sizes (e.g. 4,16), alone, with every batched kernel: "
+                             "per-row programs, the CUDA-core kernel, the tensor-core kernel (as it runs, prefetching, "
+                             "split over K)")
     parser.add_argument("--rows-candidates", choices=("all", "in-use"), default="all",
                         help="the tensor-core kernel's launch shapes to try: all candidates, or the default policy's only")
     parser.add_argument("--rows-targets", default="0",
@@ -411,6 +466,14 @@ def main() -> int:
                                     args.step_shapes, kernel_table=not args.no_kernel_table)
         write_json_atomic(out / "attention.json", {"environment": env, "triton": triton.__version__,
                                                    "bandwidth": bandwidth, **report})
+        return 0
+    if args.probe_rows:
+        loaded = load_model(args.model, device, torch.bfloat16)
+        pdl = ops.pdl_supported(device) and not args.no_pdl
+        probes = [probe_rows(*shape, rows, device, bandwidth, pdl) for rows in args.probe_rows
+                  for shape in decode_matrices(loaded.model.config)]
+        write_json_atomic(out / "rows.json", {"environment": env, "triton": triton.__version__,
+                                              "bandwidth": bandwidth, "probes": probes})
         return 0
     if args.batch_sizes:
         loaded = load_model(args.model, device, torch.bfloat16)
