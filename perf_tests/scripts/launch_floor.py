@@ -1,0 +1,137 @@
+"""What one kernel boundary costs on this GPU, and the floor it puts under a decode step.
+
+    PYTHONPATH=. python3 perf_tests/scripts/launch_floor.py --out results/floor
+
+A decode step of the fast engine is a chain of kernels, each waiting on the one before (five a
+layer, six where the attention runs over ranges, then the LM head and the step kernel). Where
+the weights are few (SmolLM2-135M: 270 MB, 0.09 ms at 3 TB/s) the step is bound by that chain,
+not by bytes. This script measures the chain alone: a CUDA graph of `--links` launches of a
+kernel that does nothing but wait on the one before it and pass a value on, replayed between
+CUDA events (time per launch = replay time / launches), with and without programmatic dependent
+launch, at grids of 1 to 4 programs per SM:
+
+- "empty": the wait, one load of what the previous kernel wrote, one store;
+- "reduce": the wait, then what a projection kernel does after it: a vector of 2,048 values
+  written by the previous kernel loaded from L2, summed across the program (a reduction through
+  shared memory), one value stored.
+
+Then, for each `--model`, the floor of its decode step at batch 1: kernels per step x the
+boundary ("reduce", PDL on where supported, at the grid nearest one program per SM) + the
+weight bytes / the probed copy bandwidth. A step cannot run faster than that without fewer
+kernels. Results in <out>/<time>-floor/floor.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+
+from inferlab.fast import kernels as ops
+from inferlab.measure import fingerprint, roofline
+from inferlab.measure.graph_timing import time_per_launch_us
+from inferlab.model.registry import load_model
+from inferlab.storage import new_run_folder, write_json_atomic
+
+REDUCE_BLOCK = 2048
+
+
+@triton.jit
+def _link_kernel(src_ptr, dst_ptr, BLOCK: tl.constexpr, REDUCE: tl.constexpr, PDL: tl.constexpr):
+    """One link of a chain: wait on the previous kernel, read what it wrote, write for the next.
+    REDUCE: read BLOCK values and sum them across the program; else read one value."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    pid = tl.program_id(0)
+    if REDUCE:
+        total = tl.sum(tl.load(src_ptr + tl.arange(0, BLOCK)), axis=0)
+    else:
+        total = tl.load(src_ptr)
+    tl.store(dst_ptr + pid % BLOCK, total + 1.0)
+
+
+def link(src: torch.Tensor, dst: torch.Tensor, programs: int, reduce: bool, pdl: bool) -> None:
+    """Launch one link: `programs` programs read `src` and write `dst` (both REDUCE_BLOCK floats)."""
+    _link_kernel[(programs,)](src, dst, BLOCK=REDUCE_BLOCK, REDUCE=reduce, PDL=pdl, num_warps=4,
+                              **({"launch_pdl": True} if pdl else {}))
+
+
+def chain(buffers: tuple[torch.Tensor, torch.Tensor], links: int, programs: int, reduce: bool, pdl: bool) -> list:
+    """`links` launches, alternating the two buffers, so each reads what the one before wrote."""
+    a, b = buffers
+    return [lambda i=i: link(a if i % 2 == 0 else b, b if i % 2 == 0 else a, programs, reduce, pdl) for i in range(links)]
+
+
+def decode_kernels(layers: int, ranged: bool) -> int:
+    """Kernels in one fast decode step at batch 1 (`inferlab.fast.kernels`'s docstring): five a
+    layer, six with the attention's combine kernel, then the LM head and the greedy step kernel."""
+    return layers * (6 if ranged else 5) + 2
+
+
+def step_floor_ms(kernels: int, boundary_us: float, weight_bytes: int, bandwidth: float) -> float:
+    """The floor of a step: its chain of kernel boundaries, plus its bytes at the copy bandwidth."""
+    return kernels * boundary_us / 1e3 + weight_bytes / bandwidth * 1e3
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--links", type=int, default=150, help="launches in the graph (default 150: a SmolLM2 step)")
+    parser.add_argument("--model", action="append", default=None,
+                        help="a model whose step floor to state (repeatable; default tinyllama-1.1b-random and "
+                             "smollm2-135m, which needs its package)")
+    args = parser.parse_args()
+    if args.links < 2:
+        print(f"launch_floor: --links must be at least 2, not {args.links}", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("launch_floor: needs a CUDA device", file=sys.stderr)
+        return 2
+    out = new_run_folder(args.out, "floor")  # a new folder each run: nothing earlier is overwritten
+    device = torch.device("cuda")
+    env = fingerprint.environment(device)
+    bandwidth = roofline.device_bandwidth(device, env["device_name"], probe=True)[0]
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    pdl_modes = (False, True) if ops.pdl_supported(device) else (False,)
+    print(f"{env['device_name']} | {sms} SMs | torch {env['torch']} | triton {triton.__version__} | "
+          f"copy bandwidth {bandwidth / 1e9:.0f} GB/s | {args.links} links", flush=True)
+    buffers = (torch.zeros(REDUCE_BLOCK, device=device), torch.zeros(REDUCE_BLOCK, device=device))
+    rows = []
+    for reduce in (False, True):
+        for programs in (1, sms, 4 * sms):
+            for pdl in pdl_modes:
+                us = time_per_launch_us(chain(buffers, args.links, programs, reduce, pdl))
+                rows.append({"link": "reduce" if reduce else "empty", "programs": programs, "pdl": pdl, "us": us})
+                print(f"{rows[-1]['link']:6s} {programs:4d} programs, PDL {'on ' if pdl else 'off'}: "
+                      f"{us:.2f} us a kernel", flush=True)
+    boundary = next(r["us"] for r in rows if r["link"] == "reduce" and r["programs"] == sms and r["pdl"] == pdl_modes[-1])
+    floors = []
+    for name in args.model or ["tinyllama-1.1b-random", "smollm2-135m"]:
+        try:
+            model = load_model(name, device, torch.bfloat16).model
+        except Exception as error:  # the embedded model needs its package; the others still count
+            print(f"{name}: not loaded ({type(error).__name__}: {str(error).splitlines()[0][:100]})", flush=True)
+            continue
+        layers, weights = int(model.config.num_hidden_layers), roofline.weight_bytes_per_step(model, 1)
+        for ranged in (False, True):
+            kernels = decode_kernels(layers, ranged)
+            floor = step_floor_ms(kernels, boundary, weights, bandwidth)
+            floors.append({"model": name, "ranged": ranged, "kernels": kernels, "weight_bytes": weights,
+                           "boundary_us": boundary, "floor_ms": floor})
+            print(f"{name}: {kernels} kernels x {boundary:.2f} us + {weights / 1e6:.0f} MB at {bandwidth / 1e9:.0f} GB/s "
+                  f"= floor {floor:.3f} ms a step{' (attention over ranges)' if ranged else ''}", flush=True)
+        del model
+        torch.cuda.empty_cache()
+    write_json_atomic(out / "floor.json", {"environment": env, "triton": triton.__version__, "bandwidth": bandwidth,
+                                           "sms": sms, "links": args.links, "chains": rows, "floors": floors})
+    print(f"written: {out / 'floor.json'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
