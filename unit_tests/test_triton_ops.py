@@ -246,6 +246,33 @@ def test_attention_kernel_matches_the_specification_and_writes_the_cache(kernels
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("range_positions", [4, 8])  # 4 or 2 ranges of the 12 cached positions
+@pytest.mark.parametrize("heads", [4, 6])
+def test_the_last_range_to_finish_merges_the_heads_launch_after_launch(kernels, dtype, range_positions, heads):
+    """`combine="last"`: no combine kernel; the last of each head's ranges to count itself merges
+    them, empty ranges included (position 0, 5), and resets its count to 0 for the next launch."""
+    M, kv_heads, hd, T = 2, 2, 16, 12
+    qkv, cos, sin, k_cache, v_cache = attention_inputs(M, heads, kv_heads, hd, T, dtype)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    launched = []
+    for position in (0, 5, 11):
+        at = torch.tensor([position], device=DEVICE)
+        expected = decode_ops.attention_decode(qkv, cos, sin, at, expected_k, expected_v, heads, kv_heads)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(kernels, "_attention_combine_kernel", _Recording(kernels._attention_combine_kernel,
+                                                                            "combine", launched))
+            ours = kernels.attention_decode(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads, block_t=4,
+                                            range_positions=range_positions, combine="last")
+        assert_same_function(ours, expected)
+        assert_same_function(k_cache, expected_k)
+        assert torch.equal(v_cache, expected_v)
+        qkv = qkv.roll(1, dims=1)  # another token
+    assert not launched
+    counts = [buffers[0] for key, buffers in kernels.KEPT.items() if key[0] == "head-arrivals"]
+    assert counts and all(int(c.abs().sum()) == 0 for c in counts)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads, kv_heads", [(4, 2), (6, 2)])  # groups of 2; of 3 (padded to 4 in the kernel)
 @pytest.mark.parametrize("splits, chunk, combine", [(1, None, "last"), (4, None, "last"), (8, 2, "last"),
                                                    (1, None, "kernel"), (8, None, "kernel")])
@@ -301,17 +328,20 @@ def test_the_launch_policy_chooses_the_attention_kernel_and_its_ranges(kernels, 
     kernels.Kernels(policy=kernels.LaunchPolicy(head_block_t=32, head_range=512)).attention_decode(*operands)
     split, head, t, h = "attention_decode_split", "attention_decode", kernels.SPLIT_BLOCK_T, kernels.ATTENTION_BLOCK_T
     kernels.Kernels(policy=kernels.LaunchPolicy(head_range=0)).attention_decode(*operands)
+    kernels.Kernels(policy=kernels.LaunchPolicy(head_combine="last")).attention_decode(*operands)
     r = kernels.DEFAULT_POLICY.head_range
-    assert launched == [(kernels.DEFAULT_POLICY.attention_kernel(512), None, None, h, r),
+    assert launched == [(kernels.DEFAULT_POLICY.attention_kernel(512), None, "kernel", h, r),
                         (split, 16, "last", t, None), (split, 4, "last", t, None), (split, 16, "last", t, None),
-                        (head, None, None, h, r), (split, 16, "kernel", t, None), (head, None, None, 32, r),
-                        (head, None, None, 32, 256), (head, None, None, 32, 0),  # one range: none
-                        (head, None, None, h, 0)]
+                        (head, None, "kernel", h, r), (split, 16, "kernel", t, None), (head, None, "kernel", 32, r),
+                        (head, None, "kernel", 32, 256), (head, None, "kernel", 32, 0),  # one range: none
+                        (head, None, "kernel", h, 0), (head, None, "last", h, r)]
     assert r == 128  # the default: ranges of 128 positions (docs/perf/h200/kernels.md)
     with pytest.raises(ValueError, match="attention"):
         kernels.LaunchPolicy(attention="flash")
     with pytest.raises(ValueError, match="split_combine"):
         kernels.LaunchPolicy(split_combine="atomic")
+    with pytest.raises(ValueError, match="head_combine"):
+        kernels.LaunchPolicy(head_combine="atomic")
     with pytest.raises(ValueError, match="head_range must be 0 or a multiple of head_block_t"):
         kernels.LaunchPolicy(head_block_t=256)  # the default ranges of 128 hold no whole tile
 
@@ -453,10 +483,11 @@ def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
                      {"batched": "cuda"}, {"attention": "auto", "split_min_cache": 8})],
     # the attention variants merged by the combine kernel: the batch changes nothing in them
     (2, {"attention": "split", "split_combine": "kernel"}), (2, {"head_block_t": 8, "head_range": 8}),
-    (2, {"rows_min_batch": 2, "rows_prefetch": True}), (1, {"early_loads": True})],
+    (2, {"rows_min_batch": 2, "rows_prefetch": True}), (1, {"early_loads": True}),
+    (2, {"head_block_t": 8, "head_range": 8, "head_combine": "last"})],
     ids=[*[f"{name}-{batch}" for batch in (2, 4) for name in ("defaults", "split-attention", "split-k", "cuda-batch",
                                                                "auto-attention")],
-         "split-combine-kernel-2", "head-ranges-2", "rows-prefetch-2", "early-loads-1"])
+         "split-combine-kernel-2", "head-ranges-2", "rows-prefetch-2", "early-loads-1", "head-ranges-last-2"])
 def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch, policy):
     from inferlab.model.registry import load_model
 

@@ -99,11 +99,14 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
     for heads, kv_heads, label in ((32, 4, "TinyLlama"), (9, 3, "SmolLM2")):
         group = heads // kv_heads
         g_pad = 1 << (group - 1).bit_length()
-        head = dict(attention, part_acc_ptr=fp32, part_best_ptr=fp32, part_total_ptr=fp32)
-        for positions, ranges in ((0, 1), (256, 8), (128, 16)):  # one program per head; ranges of 256 or 128 positions
+        head = dict(attention, part_acc_ptr=fp32, part_best_ptr=fp32, part_total_ptr=fp32, arrivals_ptr=i32)
+        # one program per head; ranges of 256 or 128 positions; the last range to finish merging them
+        for positions, ranges, last in ((0, 1, False), (256, 8, False), (128, 16, False), (128, 2, True),
+                                        (128, 16, True)):
             flags = dict(NH=heads, KVH=kv_heads, HD=64, BLOCK_T=kernels.ATTENTION_BLOCK_T, RANGE=positions,
-                         RANGES=ranges, G_PAD=g_pad, PDL=True)
-            cases.append((f"attention {label}{f' ranges of {positions}' if positions else ''}",
+                         RANGES=ranges, G_PAD=g_pad, PDL=True, LAST=last)
+            cases.append((f"attention {label}{f' {ranges} ranges of {positions}' if positions else ''}"
+                          f"{', merged by the last' if last else ''}",
                           kernels._attention_decode_kernel, head, flags, dict(num_warps=4)))
         for block_t in (16, 32):
             for combine in (True, False):

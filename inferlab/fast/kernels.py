@@ -6,7 +6,8 @@ one kernel that reads its matrix exactly once with wide, coalesced loads, and ca
 around it (RMSNorm before, SiLU*up or the residual add after) so that nothing else runs between
 two projections except the attention kernel, which also does RoPE and the cache write. A layer
 is five kernels (six when the cache holds more than one range of positions: the attention runs
-over ranges of the context, merged by `_attention_combine_kernel`); after the LM head, one more
+over ranges of the context, merged by `_attention_combine_kernel`, or, with
+`LaunchPolicy(head_combine="last")`, by the last range to finish); after the LM head, one more
 picks the greedy token, fetches its embedding for the next step and advances the position
 (`greedy_step`).
 
@@ -108,6 +109,10 @@ class LaunchPolicy:
     # new 0.686 against 0.712 ms without ranges; + 500 new 0.697 against 0.813; prompt 1920 0.761
     # against 2.185), ahead of ranges of 256 and the split kernel (docs/perf/h200/kernels.md)
     head_range: int = 128
+    # who merges the per-head kernel's ranges: "kernel", `_attention_combine_kernel` after it (one
+    # kernel more a layer); "last", the last of each head's ranges to finish, in the same kernel
+    # (an atomic count a program instead of a kernel boundary). To be measured before it is the default.
+    head_combine: str = "kernel"
     split_block_t: int = SPLIT_BLOCK_T
     split_positions: int = SPLIT_POSITIONS
     max_splits: int = MAX_SPLITS
@@ -130,6 +135,8 @@ class LaunchPolicy:
             raise ValueError(f"batched must be 'tensor' or 'cuda', not {self.batched!r}")
         if self.split_combine not in SPLIT_COMBINES:
             raise ValueError(f"split_combine must be one of {list(SPLIT_COMBINES)}, not {self.split_combine!r}")
+        if self.head_combine not in SPLIT_COMBINES:
+            raise ValueError(f"head_combine must be one of {list(SPLIT_COMBINES)}, not {self.head_combine!r}")
         if self.head_range < 0 or self.head_range % self.head_block_t:
             raise ValueError(f"head_range must be 0 or a multiple of head_block_t ({self.head_block_t}), "
                              f"not {self.head_range}")
@@ -614,10 +621,10 @@ def _attend(keys, values, valid, q, scale, best, total, acc):
 @triton.jit
 def _attention_decode_kernel(
     qkv_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, out_ptr,
-    part_acc_ptr, part_best_ptr, part_total_ptr,
+    part_acc_ptr, part_best_ptr, part_total_ptr, arrivals_ptr,
     stride_cm, stride_ch, stride_ct, scale,
     NH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, BLOCK_T: tl.constexpr,
-    RANGE: tl.constexpr, RANGES: tl.constexpr, G_PAD: tl.constexpr, PDL: tl.constexpr,
+    RANGE: tl.constexpr, RANGES: tl.constexpr, G_PAD: tl.constexpr, PDL: tl.constexpr, LAST: tl.constexpr,
 ):
     """One (row m, query head h): RoPE on q and k, cache write, softmax(q K^T) V over [0, pos].
 
@@ -626,7 +633,9 @@ def _attention_decode_kernel(
     With RANGE > 0 each (m, h) has RANGES programs, program r taking the positions
     [r RANGE, (r + 1) RANGE) (range 0 also the new token); ranges past the position are empty.
     Each stores its running maximum, normalizer and weighted sum (an empty range: -inf, 0, 0) in
-    the split attention's layout, for `_attention_combine_kernel`.
+    the split attention's layout, for `_attention_combine_kernel`; with LAST, the last of the
+    head's ranges to finish merges them itself (`_merge_ranges`) and resets the head's arrival
+    count to 0, so no second kernel runs.
     """
     pid = tl.program_id(0)
     r = pid % RANGES if RANGE else 0
@@ -692,8 +701,26 @@ def _attention_decode_kernel(
         tl.store(part_best_ptr + part, best)
         tl.store(part_total_ptr + part, total)
         tl.store(part_acc_ptr + part * HD + d, acc)
+        if LAST:
+            tl.debug_barrier()  # every thread's partial results are written before the count says so
+            if tl.atomic_add(arrivals_ptr + m * NH + h, 1, sem="acq_rel") == RANGES - 1:
+                tl.debug_barrier()
+                ranges = ((m * KVH + kv) * RANGES + tl.arange(0, RANGES)) * G_PAD + h % G  # [RANGES]
+                out = _merge_ranges(tl.load(part_best_ptr + ranges, cache_modifier=".cg"),
+                                    tl.load(part_total_ptr + ranges, cache_modifier=".cg"),
+                                    tl.load(part_acc_ptr + ranges[:, None] * HD + d[None, :], cache_modifier=".cg"))
+                tl.store(out_ptr + m * NH * HD + h * HD + d, out.to(dtype))
+                tl.atomic_xchg(arrivals_ptr + m * NH + h, 0)
     else:
         tl.store(out_ptr + m * NH * HD + h * HD + d, (acc / total).to(dtype))
+
+
+@triton.jit
+def _merge_ranges(best, total, parts):
+    """One head's output from its ranges' maxima and normalizers [R] and weighted sums [R, HD],
+    each range weighted by exp(its maximum - the largest): an empty range (-inf, 0, 0) weighs 0."""
+    weight = tl.exp(best - tl.max(best, axis=0))
+    return tl.sum(weight[:, None] * parts, axis=0) / tl.sum(weight * total, axis=0)
 
 
 def _attention_output(qkv, cos, sin, k_cache, v_cache, num_heads: int) -> torch.Tensor:
@@ -716,6 +743,7 @@ def attention_decode(
     block_t: int = ATTENTION_BLOCK_T,
     pdl: bool | None = None,
     range_positions: int = 0,
+    combine: str = "kernel",
 ) -> torch.Tensor:
     """Same contract as `inferlab.fast.spec.attention_decode`; reads `position` on the device.
 
@@ -726,9 +754,11 @@ def attention_decode(
 
     `range_positions` > 0 (a multiple of `block_t`) cuts each head's context into ranges of that
     many positions, one program each (as many ranges as the cache holds, rounded up to a power of
-    two, those past the position empty), and `_attention_combine_kernel` merges them: a long
-    context is read by many programs at once, a short one by range 0 alone.
+    two, those past the position empty), merged by `_attention_combine_kernel` (`combine`
+    "kernel") or by the last of each head's ranges to finish ("last"): a long context is read by
+    many programs at once, a short one by range 0 alone.
     """
+    assert combine in SPLIT_COMBINES, combine
     out = _attention_output(qkv, cos, sin, k_cache, v_cache, num_heads)
     M, hd = qkv.shape[0], k_cache.shape[-1]
     pdl = _use_pdl(qkv.device, pdl)
@@ -741,13 +771,16 @@ def attention_decode(
         part_acc, part_best, part_total, _ = _split_scratch(qkv.device, M * num_kv_heads, ranges, g_pad, hd)
     else:
         part_acc = part_best = part_total = out  # not read or written without ranges
+    last = bool(range_positions) and combine == "last"
+    arrivals, = kept(("head-arrivals", qkv.device, M * num_heads), lambda: (
+        torch.zeros(M * num_heads, device=qkv.device, dtype=torch.int32),)) if last else (out,)
     _attention_decode_kernel[(M * num_heads * ranges,)](
-        qkv, cos, sin, position, k_cache, v_cache, out, part_acc, part_best, part_total,
+        qkv, cos, sin, position, k_cache, v_cache, out, part_acc, part_best, part_total, arrivals,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hd**-0.5,
         NH=num_heads, KVH=num_kv_heads, HD=hd, BLOCK_T=block_t, RANGE=range_positions, RANGES=ranges, G_PAD=g_pad,
-        PDL=pdl, num_warps=4, **_launch_options(pdl),
+        PDL=pdl, LAST=last, num_warps=4, **_launch_options(pdl),
     )
-    if range_positions:
+    if range_positions and not last:
         _attention_combine_kernel[(M * num_heads,)](
             part_acc, part_best, part_total, out,
             NH=num_heads, KVH=num_kv_heads, HD=hd, G=group, G_PAD=g_pad, SPLITS=ranges, PDL=pdl,
@@ -891,11 +924,8 @@ def _attention_combine_kernel(
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()  # the partial results come from the previous kernel
     at = (group * SPLITS + r) * G_PAD + h % G  # [SPLITS]
-    best = tl.load(part_best_ptr + at)
-    total = tl.load(part_total_ptr + at)
-    parts = tl.load(part_acc_ptr + at[:, None] * HD + d[None, :])  # [SPLITS, HD]
-    weight = tl.exp(best - tl.max(best, axis=0))
-    out = tl.sum(weight[:, None] * parts, axis=0) / tl.sum(weight * total, axis=0)
+    out = _merge_ranges(tl.load(part_best_ptr + at), tl.load(part_total_ptr + at),
+                        tl.load(part_acc_ptr + at[:, None] * HD + d[None, :]))  # [SPLITS, HD]
     tl.store(out_ptr + m * NH * HD + h * HD + d, out.to(out_ptr.dtype.element_ty))
 
 
@@ -1173,7 +1203,7 @@ class Kernels:
             return attention_decode_split(*operands, block_t=policy.split_block_t, splits=splits, pdl=self.pdl,
                                           combine=policy.split_combine)
         return attention_decode(*operands, block_t=policy.head_block_t, pdl=self.pdl,
-                                range_positions=policy.head_range_for(k_cache.shape[2]))
+                                range_positions=policy.head_range_for(k_cache.shape[2]), combine=policy.head_combine)
 
     def greedy_step(self, *args, **kwargs) -> None:
         greedy_step(*args, **kwargs)

@@ -6,14 +6,15 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
 
 - the reference shape (`--model`, batch 1, prompt 128, 128 new tokens) for fast, hf, hf-static
   and eager;
-- the fast engine with `LaunchPolicy(early_loads=True)` at the reference shape;
+- the fast engine with `LaunchPolicy(early_loads=True)`, and with `LaunchPolicy(head_combine="last")`,
+  at the reference shape;
 - the fast engine at each `--batch-sizes` (up to 8 rows also with `LaunchPolicy(batched="cuda")`,
   from 4 rows also with `LaunchPolicy(rows_prefetch=True)`),
   at prompt `--long-prompt`, with temperature 0.7 and top-p 0.9 sampling (the step ending in the
   compiled torch ops, the default, and in the sampling kernel, `LaunchPolicy(sampling="kernel")`),
   and on `--small-model` (the embedded SmolLM2, real weights) when it loads, there also without
   the attention's ranges (`head_range=0`: one kernel fewer per layer, for a model whose step is
-  bound by launches rather than bytes) and with `early_loads`.
+  bound by launches rather than bytes), with `early_loads`, with `head_combine="last"`, and with both.
 
 Then, per model, the correctness of the default fast engine (`teacher_forced_check`): its greedy
 tokens against the eager loop's, and both one's logit error against an fp32 reference on the
@@ -76,6 +77,8 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found = [Case(f"{engine} b1", engine, model) for engine in ("fast", "hf", "hf-static", "eager")]
     # the one-row kernel with its loads that wait on no reduction issued at once (LaunchPolicy(early_loads=True))
     found.append(Case("fast b1 early_loads", "fast", model, launch=(("early_loads", True),)))
+    # the attention's ranges merged by the last range of each head to finish: one kernel fewer a layer
+    found.append(Case("fast b1 head_combine=last", "fast", model, launch=(("head_combine", "last"),)))
     found += [Case(f"fast b{b}", "fast", model, batch_size=b) for b in batch_sizes if b != 1]
     # up to 8 rows, each weight tile multiplied into every row on the CUDA cores (LaunchPolicy(batched="cuda"))
     found += [Case(f"fast b{b} cuda-core", "fast", model, batch_size=b, launch=(("batched", "cuda"),))
@@ -90,7 +93,11 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     if small_model:
         found += [Case(f"fast {small_model}", "fast", small_model),
                   Case(f"fast {small_model} head_range=0", "fast", small_model, launch=(("head_range", 0),)),
-                  Case(f"fast {small_model} early_loads", "fast", small_model, launch=(("early_loads", True),))]
+                  Case(f"fast {small_model} early_loads", "fast", small_model, launch=(("early_loads", True),)),
+                  Case(f"fast {small_model} head_combine=last", "fast", small_model,
+                       launch=(("head_combine", "last"),)),
+                  Case(f"fast {small_model} early_loads head_combine=last", "fast", small_model,
+                       launch=(("early_loads", True), ("head_combine", "last")))]
     return found
 
 
