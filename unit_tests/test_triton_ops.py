@@ -100,6 +100,21 @@ def test_the_one_row_kernel_with_early_loads_computes_what_it_computes_without(k
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", ["plain", "residual", "gated"])
+@pytest.mark.parametrize("M", [2, 3])
+def test_the_cuda_core_batch_kernel_with_early_loads_computes_what_it_computes_without(kernels, dtype, shape, variant,
+                                                                                       M):
+    x, weight, kwargs = gemv_case(M, shape, variant, dtype)
+    config = kernels.LaunchConfig(block_n=4, block_k=32, num_warps=4, num_stages=1)
+    policy = kernels.LaunchPolicy(batched="cuda")
+    early = kernels.gemv(x, weight, config=config, policy=kernels.LaunchPolicy(batched="cuda", early_loads=True),
+                         **kwargs)
+    assert torch.equal(early, kernels.gemv(x, weight, config=config, policy=policy, **kwargs))
+    assert_same_function(early, decode_ops.gemv(x, weight, **kwargs))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
 @pytest.mark.parametrize("M", [2, 3, 8])  # a power of two of rows; 3 rows padded to 4 (masked)
 @pytest.mark.parametrize("block_k", [32, None])  # several K tiles (masked when K = 96); the default shape

@@ -89,13 +89,15 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
                       dict(gemv, part_ptr=fp32, arrivals_ptr=i32), flags,
                       dict(num_warps=rows.num_warps, num_stages=rows.num_stages)))
     for rows in (2, 4, 8):  # the CUDA-core batch kernel (LaunchPolicy(batched="cuda")) at its row counts
-        for n, k, norm, gated, residual in ((2560, 2048, True, False, False), (5632, 2048, True, True, False),
-                                            (2048, 5632, False, False, True), (32000, 2048, True, False, False)):
+        for n, k, norm, gated, residual, early in (
+                (2560, 2048, True, False, False, False), (5632, 2048, True, True, False, False),
+                (2048, 5632, False, False, True, False), (32000, 2048, True, False, False, False),
+                (2048, 5632, False, False, True, True)):
             config = kernels.batch_config(rows, gated)
             flags = dict(N=n, K=k, NORM=norm, GATED=gated, RESIDUAL=residual, ROWS=rows, BLOCK_N=config.block_n,
-                         BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=True, PDL=True)
-            cases.append((f"batch {rows} rows {n}x{k}", kernels._gemv_batch_kernel, gemv, flags,
-                          dict(num_warps=config.num_warps, num_stages=config.num_stages)))
+                         BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=True, PDL=True, EARLY=early)
+            cases.append((f"batch {rows} rows {n}x{k}{' early loads' if early else ''}", kernels._gemv_batch_kernel,
+                          gemv, flags, dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     for heads, kv_heads, label in ((32, 4, "TinyLlama"), (9, 3, "SmolLM2")):
         group = heads // kv_heads
         g_pad = 1 << (group - 1).bit_length()

@@ -93,10 +93,12 @@ class LaunchPolicy:
     # the tensor-core kernel loads its first weight tile before waiting on the previous kernel
     # (as the one-row kernel does); to be measured against waiting first
     rows_prefetch: bool = False
-    # the one-row kernel issues every load that does not wait on a reduction at once (the residual
-    # beside the input; where K fits one tile, the norm weight before the wait and the input read
-    # once for its norm and its products): one or two round trips to memory fewer per kernel
-    # (`_gemv_kernel`'s EARLY). To be measured before it is the default.
+    # the one-row and CUDA-core projection kernels issue every load that does not wait on a
+    # reduction at once (the residual beside the input; in the one-row kernel where K fits one
+    # tile, also the norm weight before the wait and the input read once for its norm and its
+    # products): one or two round trips to memory fewer per kernel (the kernels' EARLY). Not the
+    # tensor-core kernel: a residual tile held across its loop spills. To be measured before it is
+    # the default.
     early_loads: bool = False
     # "head": one program per query head (`attention_decode`); "split": one per KV head and range
     # of the context, combined in the kernel (`attention_decode_split`), with these tiles and ranges;
@@ -479,7 +481,7 @@ def _gemv_batch_kernel(
     N: tl.constexpr, K: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    PDL: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr,
 ):
     """out[m, n] for every row m < M (M <= ROWS) and BLOCK_N consecutive n, on the CUDA cores.
 
@@ -487,7 +489,7 @@ def _gemv_batch_kernel(
     and multiplies it into all the rows, accumulating [ROWS, BLOCK_N, BLOCK_K] products
     elementwise and summing over K at the end, as `_gemv_kernel` does for one row. A batch then
     reads the weights once, with no tensor-core tile of 16 rows to fill. The first weight tile
-    is read before waiting on the previous kernel.
+    is read before waiting on the previous kernel; EARLY loads the residual right after the wait.
     """
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -505,6 +507,10 @@ def _gemv_batch_kernel(
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+    at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    if EARLY and RESIDUAL:
+        r = tl.load(res_ptr + at, mask=mask, other=0.0)
     scale = tl.full([ROWS], 1.0, tl.float32)
     if NORM:
         scale = _rms_scales(x_rows, mask_m, eps, K, ROWS, BLOCK_K)
@@ -522,10 +528,9 @@ def _gemv_batch_kernel(
     y = tl.sum(acc, axis=2).to(dtype)  # [ROWS, BN]
     if GATED:
         y = _silu_times(y, tl.sum(acc_up, axis=2).to(dtype), dtype)
-    at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    mask = mask_m[:, None] & mask_n[None, :]
     if RESIDUAL:
-        r = tl.load(res_ptr + at, mask=mask, other=0.0)
+        if not EARLY:
+            r = tl.load(res_ptr + at, mask=mask, other=0.0)
         y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
     tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -572,7 +577,7 @@ def gemv(
         c = config or batch_config(rows, gated)
         _gemv_batch_kernel[(triton.cdiv(N, c.block_n),)](
             *operands, **flags, ROWS=rows, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-            EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0,
+            EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, EARLY=policy.early_loads,
             num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
         )
         return out
