@@ -39,7 +39,7 @@ def test_each_link_reads_what_the_one_before_wrote(script, reduce):
 
 
 def test_the_step_floor_counts_every_kernel_and_every_byte(script):
-    assert script.decode_kernels(30, ranged=False) == 152 and script.decode_kernels(22, ranged=True) == 134
+    assert [script.POLICIES[p].decode_kernels(30, script.CACHE_LENGTH) for p in script.POLICIES] == [182, 152]
     # 152 boundaries of 1 us, and 270 MB at 3 TB/s (0.09 ms)
     assert script.step_floor_ms(152, 1.0, 270_000_000, 3e12) == pytest.approx(0.152 + 0.09)
 

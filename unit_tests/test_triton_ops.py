@@ -361,6 +361,38 @@ def test_the_launch_policy_chooses_the_attention_kernel_and_its_ranges(kernels, 
         kernels.LaunchPolicy(head_block_t=256)  # the default ranges of 128 hold no whole tile
 
 
+def test_a_decode_step_counts_one_kernel_more_a_layer_where_a_second_kernel_merges_ranges(kernels):
+    """Five kernels a layer (four projections and the attention), plus the LM head and the step
+    kernel; six a layer where a combine kernel merges the attention's ranges."""
+    policy, layers = kernels.DEFAULT_POLICY, 22
+    assert policy.decode_kernels(layers, 128) == 22 * 5 + 2  # one range: no combine
+    assert policy.decode_kernels(layers, 256) == 22 * 6 + 2  # two ranges of 128, merged by a second kernel
+    assert kernels.LaunchPolicy(head_combine="last").decode_kernels(layers, 256) == 22 * 5 + 2
+    assert kernels.LaunchPolicy(head_range=0).decode_kernels(layers, 2048) == 22 * 5 + 2
+    assert kernels.LaunchPolicy(attention="split").decode_kernels(layers, 256) == 22 * 5 + 2  # merged by the last
+    assert kernels.LaunchPolicy(attention="split", split_combine="kernel").decode_kernels(layers, 256) == 22 * 6 + 2
+
+
+@pytest.mark.parametrize("policy", [dict(head_block_t=4, head_range=8), dict(head_block_t=4, head_range=8,
+                                                                            head_combine="last"),
+                                    dict(head_block_t=4, head_range=0), dict(attention="split", split_combine="kernel")])
+def test_a_greedy_decode_step_launches_as_many_kernels_as_its_policy_counts(kernels, tiny, monkeypatch, policy):
+    launched = []
+    for name in ("_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel", "_attention_decode_kernel",
+                 "_attention_split_kernel", "_attention_combine_kernel", "_greedy_step_kernel"):
+        monkeypatch.setattr(kernels, name, _Recording(getattr(kernels, name), name, launched))
+    net = FastLlama(tiny.model)
+    cache_length, first = 16, 5
+    cache = net.new_cache(1, cache_length)  # two ranges of 8 positions
+    ops = kernels.Kernels(pdl=False, policy=kernels.LaunchPolicy(**policy))
+    hidden = net.embed[3:4].clone()
+    tokens, out = torch.zeros(1, 1, dtype=torch.long, device=DEVICE), torch.zeros(1, 8, dtype=torch.long, device=DEVICE)
+    position = torch.tensor([first], device=DEVICE)
+    logits = net.decode_hidden(hidden, position, cache, ops)
+    ops.greedy_step(logits, net.embed, hidden, tokens, out, position, first)
+    assert len(launched) == ops.policy.decode_kernels(len(net.layers), cache_length)
+
+
 def test_attention_specification_is_softmax_attention_over_the_written_cache():
     M, heads, kv_heads, hd, T, position = 1, 2, 1, 4, 6, 3
     qkv = draw(M, (heads + 2 * kv_heads) * hd, seed=9)

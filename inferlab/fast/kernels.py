@@ -162,6 +162,16 @@ class LaunchPolicy:
         (no ranges, no combine kernel) where the cache holds no more than one range."""
         return self.head_range if self.head_range and cache_length > self.head_range else 0
 
+    def decode_kernels(self, layers: int, cache_length: int) -> int:
+        """Kernels in one greedy decode step over a cache of `cache_length` positions: per layer
+        the four projections and the attention, plus a combine kernel where one merges the
+        attention's ranges; then the LM head and the greedy step kernel."""
+        if self.attention_for(cache_length) == "split":
+            combine = self.split_combine == "kernel"
+        else:
+            combine = bool(self.head_range_for(cache_length)) and self.head_combine == "kernel"
+        return layers * (5 + combine) + 2
+
     def gemv_config(self, n: int, k: int, gated: bool) -> LaunchConfig:
         """The launch shape for an [n, k] matrix (n rows per half when gated) at few rows."""
         return self.gemv.get((n, k, gated), self.default_gemv)

@@ -15,10 +15,11 @@ launch, at grids of 1 to 4 programs per SM:
   written by the previous kernel loaded from L2, summed across the program (a reduction through
   shared memory), one value stored.
 
-Then, for each `--model`, the floor of its decode step at batch 1: kernels per step x the
-boundary ("reduce", PDL on where supported, at the grid nearest one program per SM) + the
-weight bytes / the probed copy bandwidth. A step cannot run faster than that without fewer
-kernels. Results in <out>/<time>-floor/floor.json.
+Then, for each `--model`, the floor of its greedy decode step at batch 1 over a cache of 256
+positions (prompt 128 + 128 new tokens): kernels per step (`LaunchPolicy.decode_kernels`, for
+the default policy and with `head_combine="last"`) x the boundary ("reduce", PDL on where
+supported, one program per SM) + the weight bytes / the probed copy bandwidth. A step cannot
+run faster than that without fewer kernels. Results in <out>/<time>-floor/floor.json.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from inferlab.model.registry import load_model
 from inferlab.storage import new_run_folder, write_json_atomic
 
 REDUCE_BLOCK = 2048
+CACHE_LENGTH = 256  # prompt 128 + 128 new tokens: the attention runs over two ranges of 128
+POLICIES = {"default": ops.DEFAULT_POLICY, 'head_combine="last"': ops.LaunchPolicy(head_combine="last")}
 
 
 @triton.jit
@@ -65,12 +68,6 @@ def chain(buffers: tuple[torch.Tensor, torch.Tensor], links: int, programs: int,
     """`links` launches, alternating the two buffers, so each reads what the one before wrote."""
     a, b = buffers
     return [lambda i=i: link(a if i % 2 == 0 else b, b if i % 2 == 0 else a, programs, reduce, pdl) for i in range(links)]
-
-
-def decode_kernels(layers: int, ranged: bool) -> int:
-    """Kernels in one fast decode step at batch 1 (`inferlab.fast.kernels`'s docstring): five a
-    layer, six with the attention's combine kernel, then the LM head and the greedy step kernel."""
-    return layers * (6 if ranged else 5) + 2
 
 
 def step_floor_ms(kernels: int, boundary_us: float, weight_bytes: int, bandwidth: float) -> float:
@@ -118,13 +115,13 @@ def main() -> int:
             print(f"{name}: not loaded ({type(error).__name__}: {str(error).splitlines()[0][:100]})", flush=True)
             continue
         layers, weights = int(model.config.num_hidden_layers), roofline.weight_bytes_per_step(model, 1)
-        for ranged in (False, True):
-            kernels = decode_kernels(layers, ranged)
+        for label, policy in POLICIES.items():
+            kernels = policy.decode_kernels(layers, CACHE_LENGTH)
             floor = step_floor_ms(kernels, boundary, weights, bandwidth)
-            floors.append({"model": name, "ranged": ranged, "kernels": kernels, "weight_bytes": weights,
+            floors.append({"model": name, "policy": label, "kernels": kernels, "weight_bytes": weights,
                            "boundary_us": boundary, "floor_ms": floor})
-            print(f"{name}: {kernels} kernels x {boundary:.2f} us + {weights / 1e6:.0f} MB at {bandwidth / 1e9:.0f} GB/s "
-                  f"= floor {floor:.3f} ms a step{' (attention over ranges)' if ranged else ''}", flush=True)
+            print(f"{name}, {label}: {kernels} kernels x {boundary:.2f} us + {weights / 1e6:.0f} MB at "
+                  f"{bandwidth / 1e9:.0f} GB/s = floor {floor:.3f} ms a step", flush=True)
         del model
         torch.cuda.empty_cache()
     write_json_atomic(out / "floor.json", {"environment": env, "triton": triton.__version__, "bandwidth": bandwidth,
