@@ -159,12 +159,22 @@ def probe_rows(name: str, N: int, K: int, kind: str, rows: int, device, bandwidt
     x = torch.randn(rows, K, device=device, dtype=torch.bfloat16)
     kwargs = kwargs_for(kind, x, N)
     expected = decode_ops.gemv(x, weights[0], **kwargs).float()
+    variants = rows_variants(rows)
+    runs = [(label, policy, None) for label, policy in variants.items()]
+    if "cuda-core" in variants:  # also in the one-row kernel's launch shape: long tiles of few weight rows
+        runs.append(("cuda-core, one-row shape", variants["cuda-core"], ops.gemv_config(N, K, gated)))
     results = {}
-    for label, policy in rows_variants(rows).items():
-        got = ops.gemv(x, weights[0], policy=policy, pdl=pdl, **kwargs).float()
+    for label, policy, config in runs:
+        try:
+            got = ops.gemv(x, weights[0], policy=policy, pdl=pdl, config=config, **kwargs).float()
+            us = time_per_launch_us([lambda w=w: ops.gemv(x, w, policy=policy, pdl=pdl, config=config, **kwargs)
+                                     for w in weights])
+        except Exception as error_:  # a shape the compiler rejects (registers, shared memory)
+            print(f"  rows {rows} {name} {label}: {type(error_).__name__}", flush=True)
+            continue
         error = ((got - expected).norm() / expected.norm()).item()
-        us = time_per_launch_us([lambda w=w: ops.gemv(x, w, policy=policy, pdl=pdl, **kwargs) for w in weights])
-        results[label] = {"us": us, "gb_s": weight_bytes / us / 1e3, "relative_error_vs_spec": error}
+        results[label] = {"us": us, "gb_s": weight_bytes / us / 1e3, "relative_error_vs_spec": error,
+                          "config": config.__dict__ if config else None}
     print(f"rows {rows:2d} {name:8s} N={N:6d} K={K:5d} {weight_bytes / 1e6:6.1f} MB | " + " | ".join(
         f"{label} {r['us']:.2f} us {100 * r['gb_s'] * 1e9 / bandwidth:.0f}% (err {r['relative_error_vs_spec']:.0e})"
         for label, r in results.items()), flush=True)
