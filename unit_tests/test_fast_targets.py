@@ -40,7 +40,7 @@ def test_the_targets_follow_the_cases_that_run(script):
     assert [case.name for case in made] == [
         "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 early_loads", "fast b1 head_combine=last", "fast b4",
         "fast b8", "fast b4 cuda-core", "fast b8 cuda-core", "fast b4 rows_prefetch", "fast b8 rows_prefetch",
-        "fast prompt 1920", "fast sampled", "fast sampled kernel", "fast small", "fast small head_range=0",
+        "fast b4 wide_rms", "fast b8 wide_rms", "fast prompt 1920", "fast sampled", "fast sampled kernel", "fast small", "fast small head_range=0",
         "fast small early_loads", "fast small head_combine=last", "fast small early_loads head_combine=last"]
     launch = {case.name: case.launch for case in made}
     assert launch["fast small head_range=0"] == (("head_range", 0),)

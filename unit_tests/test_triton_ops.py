@@ -100,6 +100,30 @@ def test_the_one_row_kernel_with_early_loads_computes_what_it_computes_without(k
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", ["norm", "gated", "logits"])
+# the CUDA-core kernel at 2, 3 (padded to 4) and 8 rows; the tensor-core kernel at 5 rows (a tile of
+# 16 holding 8 that can exist) and 17 (two tiles, the second with one row)
+@pytest.mark.parametrize("M, batched", [(2, "cuda"), (3, "cuda"), (8, "cuda"), (5, "tensor"), (17, "tensor")])
+@pytest.mark.parametrize("columns", [8192, 64])  # the whole K in one tile; K in tiles of 4-16 columns
+def test_the_batched_kernels_with_a_wide_rms_pass_compute_the_specified_function(kernels, dtype, shape, variant, M,
+                                                                                  batched, columns, monkeypatch):
+    monkeypatch.setattr(kernels, "rms_columns", lambda rows, k: min(1 << (k - 1).bit_length(), max(4, columns // rows)))
+    x, weight, kwargs = gemv_case(M, shape, variant, dtype)
+    block = (4, 32) if batched == "cuda" else (16, 64)
+    config = kernels.LaunchConfig(block_n=block[0], block_k=block[1], num_warps=4, num_stages=1)
+    policy = kernels.LaunchPolicy(batched=batched, rows_min_batch=2, wide_rms=True)
+    ours = kernels.gemv(x, weight, config=config, policy=policy, **kwargs)
+    assert_same_function(ours, decode_ops.gemv(x, weight, **kwargs))
+
+
+@pytest.mark.parametrize("rows, k, columns", [(4, 2048, 2048), (16, 2048, 512), (8, 576, 1024), (2, 5632, 4096),
+                                              (1024, 64, 16)])
+def test_the_wide_rms_pass_reads_8192_values_a_tile_at_most_k_columns(kernels, rows, k, columns):
+    assert kernels.rms_columns(rows, k) == columns
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("variant", ["plain", "residual", "gated"])
 @pytest.mark.parametrize("M", [2, 3])
 def test_the_cuda_core_batch_kernel_with_early_loads_computes_what_it_computes_without(kernels, dtype, shape, variant,
@@ -531,10 +555,12 @@ def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
     # the attention variants merged by the combine kernel: the batch changes nothing in them
     (2, {"attention": "split", "split_combine": "kernel"}), (2, {"head_block_t": 8, "head_range": 8}),
     (2, {"rows_min_batch": 2, "rows_prefetch": True}), (1, {"early_loads": True}),
-    (2, {"head_block_t": 8, "head_range": 8, "head_combine": "last"})],
+    (2, {"head_block_t": 8, "head_range": 8, "head_combine": "last"}), (2, {"rows_min_batch": 2, "wide_rms": True}),
+    (2, {"batched": "cuda", "wide_rms": True, "early_loads": True})],
     ids=[*[f"{name}-{batch}" for batch in (2, 4) for name in ("defaults", "split-attention", "split-k", "cuda-batch",
                                                                "auto-attention")],
-         "split-combine-kernel-2", "head-ranges-2", "rows-prefetch-2", "early-loads-1", "head-ranges-last-2"])
+         "split-combine-kernel-2", "head-ranges-2", "rows-prefetch-2", "early-loads-1", "head-ranges-last-2",
+         "wide-rms-2", "cuda-batch-early-wide-2"])
 def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch, policy):
     from inferlab.model.registry import load_model
 

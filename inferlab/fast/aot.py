@@ -84,20 +84,32 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
             (5632, 2048, True, True, False, 1, True), (2048, 5632, False, False, True, 8, True)):
         flags = dict(N=n, K=k, NORM=norm, GATED=gated, RESIDUAL=residual, BLOCK_M=16, BLOCK_N=rows.block_n,
                      BLOCK_K=rows.block_k, EVEN_N=True, EVEN_K=True, SPLIT_K=split_k, PDL=True, FP32=False,
-                     PREFETCH=prefetch)
+                     PREFETCH=prefetch, RMS_M=0, RMS_K=0)
         cases.append((f"rows {n}x{k} split-K {split_k}{' prefetch' if prefetch else ''}", kernels._gemv_rows_kernel,
                       dict(gemv, part_ptr=fp32, arrivals_ptr=i32), flags,
                       dict(num_warps=rows.num_warps, num_stages=rows.num_stages)))
+    for n, k, gated, rms_m in ((2560, 2048, False, 4), (5632, 2048, True, 4), (2560, 2048, False, 16),
+                               (32000, 2048, False, 8)):  # the RMS pass in wide tiles (LaunchPolicy(wide_rms=True))
+        flags = dict(N=n, K=k, NORM=True, GATED=gated, RESIDUAL=False, BLOCK_M=16, BLOCK_N=rows.block_n,
+                     BLOCK_K=rows.block_k, EVEN_N=True, EVEN_K=True, SPLIT_K=1, PDL=True, FP32=False, PREFETCH=False,
+                     RMS_M=rms_m, RMS_K=kernels.rms_columns(rms_m, k))
+        cases.append((f"rows {n}x{k} wide RMS over {rms_m} rows", kernels._gemv_rows_kernel,
+                      dict(gemv, part_ptr=fp32, arrivals_ptr=i32), flags,
+                      dict(num_warps=rows.num_warps, num_stages=rows.num_stages)))
     for rows in (2, 4, 8):  # the CUDA-core batch kernel (LaunchPolicy(batched="cuda")) at its row counts
-        for n, k, norm, gated, residual, early in (
-                (2560, 2048, True, False, False, False), (5632, 2048, True, True, False, False),
-                (2048, 5632, False, False, True, False), (32000, 2048, True, False, False, False),
-                (2048, 5632, False, False, True, True)):
+        # (n, k, norm, gated, residual, early, wide): as it runs; down with its residual loaded early
+        # (LaunchPolicy(early_loads=True)); [q; k; v] with its RMS pass in wide tiles (LaunchPolicy(wide_rms=True))
+        for n, k, norm, gated, residual, early, wide in (
+                (2560, 2048, True, False, False, False, False), (5632, 2048, True, True, False, False, False),
+                (2048, 5632, False, False, True, False, False), (32000, 2048, True, False, False, False, False),
+                (2048, 5632, False, False, True, True, False), (2560, 2048, True, False, False, False, True)):
             config = kernels.batch_config(rows, gated)
             flags = dict(N=n, K=k, NORM=norm, GATED=gated, RESIDUAL=residual, ROWS=rows, BLOCK_N=config.block_n,
-                         BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=True, PDL=True, EARLY=early)
-            cases.append((f"batch {rows} rows {n}x{k}{' early loads' if early else ''}", kernels._gemv_batch_kernel,
-                          gemv, flags, dict(num_warps=config.num_warps, num_stages=config.num_stages)))
+                         BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=True, PDL=True, EARLY=early,
+                         RMS_K=kernels.rms_columns(rows, k) if wide else 0)
+            cases.append((f"batch {rows} rows {n}x{k}{' early loads' if early else ''}{' wide RMS' if wide else ''}",
+                          kernels._gemv_batch_kernel, gemv, flags,
+                          dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     for heads, kv_heads, label in ((32, 4, "TinyLlama"), (9, 3, "SmolLM2")):
         group = heads // kv_heads
         g_pad = 1 << (group - 1).bit_length()

@@ -93,6 +93,10 @@ class LaunchPolicy:
     # the tensor-core kernel loads its first weight tile before waiting on the previous kernel
     # (as the one-row kernel does); to be measured against waiting first
     rows_prefetch: bool = False
+    # the batched kernels' RMS pass over their rows in wide tiles summed as they go
+    # (`_rms_scales_wide`: 4 rows x 2048 columns in one load) instead of the products' K tiles
+    # (16 rows x 256 columns, eight loads one after another for K = 2048). To be measured.
+    wide_rms: bool = False
     # the one-row and CUDA-core projection kernels issue every load that does not wait on a
     # reduction at once (the residual beside the input; in the one-row kernel where K fits one
     # tile, also the norm weight before the wait and the input read once for its norm and its
@@ -358,6 +362,24 @@ def _rms_scales(x_rows, mask_m, eps, K: tl.constexpr, BLOCK_M: tl.constexpr, BLO
 
 
 @triton.jit
+def _rms_scales_wide(x_ptr, row0, M, eps, K: tl.constexpr, BLOCK_M: tl.constexpr, RMS_M: tl.constexpr,
+                     RMS_K: tl.constexpr):
+    """`_rms_scales` of rows row0 .. row0 + BLOCK_M (those below M) as [BLOCK_M], reading the
+    RMS_M rows that can exist (RMS_M <= BLOCK_M) RMS_K columns at a time and summing each tile as
+    it goes: few, wide loads, so the pass costs few round trips to memory (rows past RMS_M: 0)."""
+    offs_r = row0 + tl.arange(0, RMS_M)
+    rows = x_ptr + offs_r.to(tl.int64)[:, None] * K
+    total = tl.zeros([RMS_M], dtype=tl.float32)
+    for k0 in range(0, K, RMS_K):
+        offs = k0 + tl.arange(0, RMS_K)
+        v = tl.load(rows + offs[None, :], mask=(offs_r[:, None] < M) & (offs[None, :] < K), other=0.0).to(tl.float32)
+        total += tl.sum(v * v, axis=1)
+    scale = 1.0 / tl.sqrt(total / K + eps)
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    return tl.sum(tl.where(offs_m[:, None] == offs_r[None, :], scale[None, :], 0.0), axis=1)
+
+
+@triton.jit
 def _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K: tl.constexpr, NORM: tl.constexpr, dtype):
     """x[rows, offs_k] as float32 [BLOCK_M, BLOCK_K], rounded like `_input_tile`."""
     mask_k = offs_k < K
@@ -386,12 +408,14 @@ def _gemv_rows_kernel(
     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
     SPLIT_K: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr, PREFETCH: tl.constexpr,
+    RMS_M: tl.constexpr, RMS_K: tl.constexpr,
 ):
     """out[m, n] for BLOCK_M rows m and BLOCK_N consecutive n, as a matrix product on the tensor
     cores: each tile of W is read once for all the rows, so a batch costs one read of the weights.
 
     PREFETCH loads the program's first tile of W before waiting on the previous kernel, as
     `_gemv_kernel` does (weights are never written), and multiplies it once the rows are in.
+    RMS_K > 0 reads the rows' RMS pass in wide tiles (`_rms_scales_wide`) instead of BLOCK_K ones.
 
     SPLIT_K > 1 cuts K into that many ranges, one program each (more programs for a narrow
     matrix): each stores its float32 partial sums and counts itself in `arrivals`; the last to
@@ -422,7 +446,10 @@ def _gemv_rows_kernel(
         tl.extra.cuda.gdc_wait()
     scale = tl.full([BLOCK_M], 1.0, tl.float32)
     if NORM:
-        scale = _rms_scales(x_rows, mask_m, eps, K, BLOCK_M, BLOCK_K)
+        if RMS_K:
+            scale = _rms_scales_wide(x_ptr, tile_m * BLOCK_M, M, eps, K, BLOCK_M, RMS_M, RMS_K)
+        else:
+            scale = _rms_scales(x_rows, mask_m, eps, K, BLOCK_M, BLOCK_K)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     if PREFETCH:
@@ -491,7 +518,7 @@ def _gemv_batch_kernel(
     N: tl.constexpr, K: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RMS_K: tl.constexpr,
 ):
     """out[m, n] for every row m < M (M <= ROWS) and BLOCK_N consecutive n, on the CUDA cores.
 
@@ -500,6 +527,7 @@ def _gemv_batch_kernel(
     elementwise and summing over K at the end, as `_gemv_kernel` does for one row. A batch then
     reads the weights once, with no tensor-core tile of 16 rows to fill. The first weight tile
     is read before waiting on the previous kernel; EARLY loads the residual right after the wait.
+    RMS_K > 0 reads the rows' RMS pass in wide tiles (`_rms_scales_wide`) instead of BLOCK_K ones.
     """
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -523,7 +551,10 @@ def _gemv_batch_kernel(
         r = tl.load(res_ptr + at, mask=mask, other=0.0)
     scale = tl.full([ROWS], 1.0, tl.float32)
     if NORM:
-        scale = _rms_scales(x_rows, mask_m, eps, K, ROWS, BLOCK_K)
+        if RMS_K:
+            scale = _rms_scales_wide(x_ptr, 0, M, eps, K, ROWS, ROWS, RMS_K)
+        else:
+            scale = _rms_scales(x_rows, mask_m, eps, K, ROWS, BLOCK_K)
     xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype)[:, None, :]  # [ROWS, 1, BK]
     acc = w.to(tl.float32)[None, :, :] * xv
     acc_up = acc
@@ -543,6 +574,12 @@ def _gemv_batch_kernel(
             r = tl.load(res_ptr + at, mask=mask, other=0.0)
         y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
     tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_columns(rows: int, k: int, elements: int = 8192) -> int:
+    """Columns per tile of `_rms_scales_wide` over `rows` rows (a power of two): `elements` values
+    a tile (64 bytes a thread of bf16 over 4 warps), at most K rounded up to a power of two."""
+    return min(triton.next_power_of_2(k), max(16, elements // rows))
 
 
 def batch_config(rows: int, gated: bool, elements: int = 4096) -> LaunchConfig:
@@ -588,6 +625,7 @@ def gemv(
         _gemv_batch_kernel[(triton.cdiv(N, c.block_n),)](
             *operands, **flags, ROWS=rows, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
             EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, EARLY=policy.early_loads,
+            RMS_K=rms_columns(rows, K) if policy.wide_rms else 0,
             num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
         )
         return out
@@ -604,11 +642,13 @@ def gemv(
     split_k = rows_split_k(n_tiles * m_tiles, triton.cdiv(K, c.block_k), policy.rows_target_programs)
     part, arrivals = (out, out) if split_k == 1 else _split_k_scratch(x.device, n_tiles * m_tiles, split_k,
                                                                       policy.rows_block_m, c.block_n)
+    rms_m = min(policy.rows_block_m, triton.next_power_of_2(M)) if policy.wide_rms else 0  # rows a tile can hold
     _gemv_rows_kernel[(n_tiles, split_k, m_tiles)](
         *operands[:5], part, arrivals, *operands[5:], **flags, BLOCK_M=policy.rows_block_m, BLOCK_N=c.block_n,
         BLOCK_K=c.block_k, EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, SPLIT_K=split_k,
-        FP32=weight.dtype == torch.float32, PREFETCH=policy.rows_prefetch, num_warps=c.num_warps,
-        num_stages=c.num_stages, **_launch_options(pdl),
+        FP32=weight.dtype == torch.float32, PREFETCH=policy.rows_prefetch, RMS_M=rms_m,
+        RMS_K=rms_columns(rms_m, K) if rms_m else 0, num_warps=c.num_warps, num_stages=c.num_stages,
+        **_launch_options(pdl),
     )
     return out
 

@@ -9,7 +9,7 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
 - the fast engine with `LaunchPolicy(early_loads=True)`, and with `LaunchPolicy(head_combine="last")`,
   at the reference shape;
 - the fast engine at each `--batch-sizes` (up to 8 rows also with `LaunchPolicy(batched="cuda")`,
-  from 4 rows also with `LaunchPolicy(rows_prefetch=True)`),
+  from 4 rows also with `LaunchPolicy(rows_prefetch=True)` and with `LaunchPolicy(wide_rms=True)`),
   at prompt `--long-prompt`, with temperature 0.7 and top-p 0.9 sampling (the step ending in the
   compiled torch ops, the default, and in the sampling kernel, `LaunchPolicy(sampling="kernel")`),
   and on `--small-model` (the embedded SmolLM2, real weights) when it loads, there also without
@@ -86,6 +86,9 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # from 4 rows the projections run the tensor-core kernel: here with its first weight tile loaded
     # before the wait on the previous kernel, as the one-row kernel does (LaunchPolicy(rows_prefetch=True))
     found += [Case(f"fast b{b} rows_prefetch", "fast", model, batch_size=b, launch=(("rows_prefetch", True),))
+              for b in batch_sizes if b >= 4]
+    # the same kernel with its rows' RMS pass in wide tiles (LaunchPolicy(wide_rms=True))
+    found += [Case(f"fast b{b} wide_rms", "fast", model, batch_size=b, launch=(("wide_rms", True),))
               for b in batch_sizes if b >= 4]
     found.append(Case(f"fast prompt {long_prompt}", "fast", model, prompt_length=long_prompt))
     found += [Case("fast sampled", "fast", model, sampling=SAMPLED),
