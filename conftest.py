@@ -13,7 +13,9 @@ GPU-marked unit tests first (`pytest -m gpu` runs both; `pytest -m gpu unit_test
 from __future__ import annotations
 
 import importlib.metadata
+import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,6 +57,28 @@ def cuda_device():
 
 
 PERF_TESTS = Path(__file__).resolve().parent / "perf_tests"
+
+
+@pytest.fixture(scope="session")
+def perf_script():
+    """`perf_script(name)`: the measurement script perf_tests/scripts/<name>.py, imported once as
+    the module `name` (registered in sys.modules while the session runs: dataclasses look their
+    module up)."""
+    loaded = {}
+
+    def load(name: str):
+        if name not in loaded:
+            spec = importlib.util.spec_from_file_location(name, PERF_TESTS / "scripts" / f"{name}.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            loaded[name] = module
+        return loaded[name]
+
+    yield load
+    for name in loaded:
+        sys.modules.pop(name, None)
+
 # pytest-benchmark options that ask for benchmarks to be saved or compared
 BENCHMARK_REQUESTS = ("benchmark_save", "benchmark_autosave", "benchmark_json", "benchmark_compare", "benchmark_only")
 

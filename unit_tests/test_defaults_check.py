@@ -1,7 +1,6 @@
 """perf_tests/scripts/defaults_check.py: the delay it injects, the rows it keeps, the table it writes,
 and one CPU pass of its suite, gate and sweep steps (tiny model, a few seconds each)."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,11 +16,8 @@ SCRIPT = ROOT / "perf_tests" / "scripts" / "defaults_check.py"
 
 
 @pytest.fixture(scope="module")
-def check():
-    spec = importlib.util.spec_from_file_location("defaults_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def check(perf_script):
+    return perf_script("defaults_check")
 
 
 def saved(tmp_path, rounds_ms: dict) -> gate.Run:

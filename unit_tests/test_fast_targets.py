@@ -12,13 +12,8 @@ SCRIPT = ROOT / "perf_tests" / "scripts" / "fast_targets.py"
 
 
 @pytest.fixture(scope="module")
-def script():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import fast_targets
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return fast_targets
+def script(perf_script):
+    return perf_script("fast_targets")
 
 
 def test_absolute_and_relative_targets_are_judged_on_the_p50_and_a_missing_case_is_not_run(script):

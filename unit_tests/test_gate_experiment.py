@@ -1,7 +1,6 @@
 """perf_tests/scripts/gate_experiment.py's analysis on synthetic saved runs: blocks of three runs
 (--injected 5), p99 tail verdicts, the calibrated noise bound, and --combine pooling two experiments."""
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -19,13 +18,8 @@ CASES = ("fast-b1-p128-n32-tpot_ms", "fast-b1-p128-n32-ttft_ms")
 
 
 @pytest.fixture(scope="module")
-def experiment():
-    spec = importlib.util.spec_from_file_location("gate_experiment", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gate_experiment"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["gate_experiment"]
+def experiment(perf_script):
+    return perf_script("gate_experiment")
 
 
 def write_run(path: Path, factor: float, rng, ttft_run_noise: float = 0.0) -> None:

@@ -10,6 +10,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "perf_tests" / "scripts" / "kernel_configs.py"
 
 
+@pytest.fixture(scope="module")
+def kernel_configs(perf_script):
+    return perf_script("kernel_configs")
+
+
 @pytest.mark.parametrize("argument, message", [
     ("--step-shapes=128", "is not PROMPTxNEW"), ("--step-shapes=0x128", "is not PROMPTxNEW"),
     ("--step-shapes=ax1", "is not PROMPTxNEW"), ("--step-variants=head/flash/model2", "unknown"),
@@ -22,12 +27,7 @@ def test_a_bad_step_shape_or_variant_is_refused_in_one_line_before_any_device_wo
     assert message in done.stderr and "Traceback" not in done.stderr
 
 
-def test_the_step_shapes_and_variants_are_read_in_order():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import kernel_configs
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+def test_the_step_shapes_and_variants_are_read_in_order(kernel_configs):
     assert kernel_configs.step_shapes("128x128,1920x128") == [(128, 128), (1920, 128)]
     assert kernel_configs.step_variants("head/matmul/model,ranges128/flash/layer") == [
         ("head", "matmul", "model"), ("ranges128", "flash", "layer")]
@@ -40,16 +40,11 @@ def test_the_step_shapes_and_variants_are_read_in_order():
     assert kernel_configs.compile_scope("layer") == ("layer", False)
 
 
-def test_the_probed_matrices_come_from_the_models_config():
+def test_the_probed_matrices_come_from_the_models_config(kernel_configs):
     from types import SimpleNamespace
 
     from inferlab.model.registry import RANDOM_CONFIGS
 
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import kernel_configs
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
     tinyllama = kernel_configs.decode_matrices(SimpleNamespace(**RANDOM_CONFIGS["tinyllama-1.1b-random"]))
     assert tinyllama == [("gate_up", 5632, 2048, "gated"), ("down", 2048, 5632, "residual"),
                          ("lm_head", 32000, 2048, "logits"), ("qkv", 2560, 2048, "norm"), ("o", 2048, 2048, "residual")]
@@ -61,12 +56,7 @@ def test_the_probed_matrices_come_from_the_models_config():
         ("qkv", 960, 576, "norm"), ("o", 576, 576, "residual")]
 
 
-def test_a_tile_wider_than_k_is_tried_only_where_it_holds_the_row_whole():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import kernel_configs
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+def test_a_tile_wider_than_k_is_tried_only_where_it_holds_the_row_whole(kernel_configs):
     # SmolLM2: K = 576 takes one tile of 1024 (the row loaded before the wait), not 2048; K = 1536 one of 2048
     assert kernel_configs.tile_fits(512, 576) and kernel_configs.tile_fits(1024, 576)
     assert not kernel_configs.tile_fits(2048, 576)
@@ -74,12 +64,7 @@ def test_a_tile_wider_than_k_is_tried_only_where_it_holds_the_row_whole():
     assert not kernel_configs.tile_fits(4096, 2048)
 
 
-def test_each_batch_size_is_probed_with_the_kernels_that_can_serve_it():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import kernel_configs
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
+def test_each_batch_size_is_probed_with_the_kernels_that_can_serve_it(kernel_configs):
     assert kernel_configs.row_counts("4,16") == [4, 16]
     four, sixteen = kernel_configs.rows_variants(4), kernel_configs.rows_variants(16)
     assert list(four) == ["per-row", "cuda-core", "tensor", "tensor prefetch", "tensor split-K 264"]

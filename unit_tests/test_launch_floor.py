@@ -15,13 +15,8 @@ pytest.importorskip("triton", reason="Triton is not installed (requirements/test
 
 
 @pytest.fixture(scope="module")
-def script():
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import launch_floor
-    finally:
-        sys.path.remove(str(SCRIPT.parent))
-    return launch_floor
+def script(perf_script):
+    return perf_script("launch_floor")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter case; on CUDA the script itself runs it")
