@@ -555,11 +555,11 @@ def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
     # the attention variants merged by the combine kernel: the batch changes nothing in them
     (2, {"attention": "split", "split_combine": "kernel"}), (2, {"head_block_t": 8, "head_range": 8}),
     (2, {"rows_min_batch": 2, "rows_prefetch": True}), (1, {"early_loads": True}),
-    (2, {"head_block_t": 8, "head_range": 8, "head_combine": "last"}), (2, {"rows_min_batch": 2, "wide_rms": True}),
+    (1, {"head_block_t": 8, "head_range": 8, "head_combine": "last"}), (2, {"rows_min_batch": 2, "wide_rms": True}),
     (2, {"batched": "cuda", "wide_rms": True, "early_loads": True})],
     ids=[*[f"{name}-{batch}" for batch in (2, 4) for name in ("defaults", "split-attention", "split-k", "cuda-batch",
                                                                "auto-attention")],
-         "split-combine-kernel-2", "head-ranges-2", "rows-prefetch-2", "early-loads-1", "head-ranges-last-2",
+         "split-combine-kernel-2", "head-ranges-2", "rows-prefetch-2", "early-loads-1", "head-ranges-last-1",
          "wide-rms-2", "cuda-batch-early-wide-2"])
 def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch, policy):
     from inferlab.model.registry import load_model
