@@ -545,10 +545,9 @@ def _gemv_batch_kernel(
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-    at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
-    mask = mask_m[:, None] & mask_n[None, :]
     if EARLY and RESIDUAL:
-        r = tl.load(res_ptr + at, mask=mask, other=0.0)
+        r = tl.load(res_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :],
+                    mask=mask_m[:, None] & mask_n[None, :], other=0.0)
     scale = tl.full([ROWS], 1.0, tl.float32)
     if NORM:
         if RMS_K:
@@ -569,6 +568,8 @@ def _gemv_batch_kernel(
     y = tl.sum(acc, axis=2).to(dtype)  # [ROWS, BN]
     if GATED:
         y = _silu_times(y, tl.sum(acc_up, axis=2).to(dtype), dtype)
+    at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
     if RESIDUAL:
         if not EARLY:
             r = tl.load(res_ptr + at, mask=mask, other=0.0)
