@@ -107,7 +107,7 @@ def test_the_one_row_kernel_with_early_loads_computes_what_it_computes_without(k
 @pytest.mark.parametrize("columns", [8192, 64])  # the whole K in one tile; K in tiles of 4-16 columns
 def test_the_batched_kernels_with_a_wide_rms_pass_compute_the_specified_function(kernels, dtype, shape, variant, M,
                                                                                   batched, columns, monkeypatch):
-    monkeypatch.setattr(kernels, "rms_columns", lambda rows, k: min(1 << (k - 1).bit_length(), max(4, columns // rows)))
+    monkeypatch.setattr(kernels.projections, "rms_columns", lambda rows, k: min(1 << (k - 1).bit_length(), max(4, columns // rows)))
     x, weight, kwargs = gemv_case(M, shape, variant, dtype)
     block = (4, 32) if batched == "cuda" else (16, 64)
     config = kernels.LaunchConfig(block_n=block[0], block_k=block[1], num_warps=4, num_stages=1)
@@ -213,10 +213,7 @@ def test_k_is_cut_until_the_programs_reach_the_target(kernels, n_tiles, k_tiles,
 def test_a_launch_policy_picks_the_kernel_without_touching_module_state(kernels, monkeypatch, rows_min_batch):
     """Three rows run one program each under the default policy and the tensor-core kernel under
     rows_min_batch=2; either way the function is the specification's, and the defaults stay as they were."""
-    launched = []
-    for name in ("_gemv_kernel", "_gemv_rows_kernel"):
-        kernel = getattr(kernels, name)
-        monkeypatch.setattr(kernels, name, _Recording(kernel, name, launched))
+    launched = record_launches(kernels, monkeypatch, ("_gemv_kernel", "_gemv_rows_kernel"))
     x, weight = draw(3, 64, seed=1), draw(16, 64, seed=4, scale=0.1)
     policy = kernels.LaunchPolicy(rows_min_batch=rows_min_batch, default_gemv=kernels.LaunchConfig(8, 64, 4, 1),
                                   rows_gemv=kernels.LaunchConfig(16, 64, 4, 1))
@@ -227,9 +224,7 @@ def test_a_launch_policy_picks_the_kernel_without_touching_module_state(kernels,
 
 
 def test_the_cuda_policy_runs_the_batch_kernel_from_two_rows_to_its_limit(kernels, monkeypatch):
-    launched = []
-    for name in ("_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel"):
-        monkeypatch.setattr(kernels, name, _Recording(getattr(kernels, name), name, launched))
+    launched = record_launches(kernels, monkeypatch, ("_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel"))
     weight = draw(16, 64, seed=4, scale=0.1)
     policy = kernels.LaunchPolicy(batched="cuda", cuda_max_rows=4, default_gemv=kernels.LaunchConfig(8, 64, 4, 1),
                                   rows_gemv=kernels.LaunchConfig(16, 64, 4, 1))
@@ -250,6 +245,15 @@ class _Recording:
     def __getitem__(self, grid):
         self.launched.append(self.name)
         return self.kernel[grid]
+
+
+def record_launches(kernels, monkeypatch, names) -> list:
+    """The names of these jitted kernels, in launch order, for the rest of the test."""
+    launched = []
+    for name in names:
+        module = next(m for m in (kernels.projections, kernels.attention, kernels.step) if hasattr(m, name))
+        monkeypatch.setattr(module, name, _Recording(getattr(module, name), name, launched))
+    return launched
 
 
 def attention_inputs(M, heads, kv_heads, hd, T, dtype):
@@ -298,8 +302,8 @@ def test_the_last_range_to_finish_merges_the_heads_launch_after_launch(kernels, 
         at = torch.tensor([position], device=DEVICE)
         expected = decode_ops.attention_decode(qkv, cos, sin, at, expected_k, expected_v, heads, kv_heads)
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(kernels, "_attention_combine_kernel", _Recording(kernels._attention_combine_kernel,
-                                                                            "combine", launched))
+            patch.setattr(kernels.attention, "_attention_combine_kernel",
+                          _Recording(kernels.attention._attention_combine_kernel, "combine", launched))
             ours = kernels.attention_decode(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads, block_t=4,
                                             range_positions=range_positions, combine="last")
         assert_same_function(ours, expected)
@@ -401,10 +405,9 @@ def test_a_decode_step_counts_one_kernel_more_a_layer_where_a_second_kernel_merg
                                                                             head_combine="last"),
                                     dict(head_block_t=4, head_range=0), dict(attention="split", split_combine="kernel")])
 def test_a_greedy_decode_step_launches_as_many_kernels_as_its_policy_counts(kernels, tiny, monkeypatch, policy):
-    launched = []
-    for name in ("_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel", "_attention_decode_kernel",
-                 "_attention_split_kernel", "_attention_combine_kernel", "_greedy_step_kernel"):
-        monkeypatch.setattr(kernels, name, _Recording(getattr(kernels, name), name, launched))
+    launched = record_launches(kernels, monkeypatch, (
+        "_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel", "_attention_decode_kernel", "_attention_split_kernel",
+        "_attention_combine_kernel", "_greedy_step_kernel"))
     net = FastLlama(tiny.model)
     cache_length, first = 16, 5
     cache = net.new_cache(1, cache_length)  # two ranges of 8 positions

@@ -73,7 +73,7 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         flags = dict(N=n, K=k, NORM=True, GATED=gated, RESIDUAL=not gated, BLOCK_N=config.block_n,
                      BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=even_k, PDL=True, EARLY=early)
         cases.append((f"gemv {n}x{k} tile {config.block_n}x{config.block_k}{' early loads' if early else ''}",
-                      kernels._gemv_kernel, gemv, flags, dict(num_warps=config.num_warps, num_stages=config.num_stages)))
+                      kernels.projections._gemv_kernel, gemv, flags, dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     rows = kernels.DEFAULT_POLICY.rows_gemv
     # (n, k, norm, gated, residual, split-K): [q; k; v], [gate; up] and down as the batched step runs them
     # and the same with the first weight tile loaded before the wait (LaunchPolicy(rows_prefetch=True))
@@ -85,7 +85,7 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         flags = dict(N=n, K=k, NORM=norm, GATED=gated, RESIDUAL=residual, BLOCK_M=16, BLOCK_N=rows.block_n,
                      BLOCK_K=rows.block_k, EVEN_N=True, EVEN_K=True, SPLIT_K=split_k, PDL=True, FP32=False,
                      PREFETCH=prefetch, RMS_M=0, RMS_K=0)
-        cases.append((f"rows {n}x{k} split-K {split_k}{' prefetch' if prefetch else ''}", kernels._gemv_rows_kernel,
+        cases.append((f"rows {n}x{k} split-K {split_k}{' prefetch' if prefetch else ''}", kernels.projections._gemv_rows_kernel,
                       dict(gemv, part_ptr=fp32, arrivals_ptr=i32), flags,
                       dict(num_warps=rows.num_warps, num_stages=rows.num_stages)))
     for n, k, gated, rms_m in ((2560, 2048, False, 4), (5632, 2048, True, 4), (2560, 2048, False, 16),
@@ -93,7 +93,7 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         flags = dict(N=n, K=k, NORM=True, GATED=gated, RESIDUAL=False, BLOCK_M=16, BLOCK_N=rows.block_n,
                      BLOCK_K=rows.block_k, EVEN_N=True, EVEN_K=True, SPLIT_K=1, PDL=True, FP32=False, PREFETCH=False,
                      RMS_M=rms_m, RMS_K=kernels.rms_columns(rms_m, k))
-        cases.append((f"rows {n}x{k} wide RMS over {rms_m} rows", kernels._gemv_rows_kernel,
+        cases.append((f"rows {n}x{k} wide RMS over {rms_m} rows", kernels.projections._gemv_rows_kernel,
                       dict(gemv, part_ptr=fp32, arrivals_ptr=i32), flags,
                       dict(num_warps=rows.num_warps, num_stages=rows.num_stages)))
     for rows in (2, 4, 8):  # the CUDA-core batch kernel (LaunchPolicy(batched="cuda")) at its row counts
@@ -108,7 +108,7 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
                          BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=True, PDL=True, EARLY=early,
                          RMS_K=kernels.rms_columns(rows, k) if wide else 0)
             cases.append((f"batch {rows} rows {n}x{k}{' early loads' if early else ''}{' wide RMS' if wide else ''}",
-                          kernels._gemv_batch_kernel, gemv, flags,
+                          kernels.projections._gemv_batch_kernel, gemv, flags,
                           dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     for heads, kv_heads, label in ((32, 4, "TinyLlama"), (9, 3, "SmolLM2")):
         group = heads // kv_heads
@@ -121,22 +121,22 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
                          RANGES=ranges, G_PAD=g_pad, PDL=True, LAST=last)
             cases.append((f"attention {label}{f' {ranges} ranges of {positions}' if positions else ''}"
                           f"{', merged by the last' if last else ''}",
-                          kernels._attention_decode_kernel, head, flags, dict(num_warps=4)))
+                          kernels.attention._attention_decode_kernel, head, flags, dict(num_warps=4)))
         for block_t in (16, 32):
             for combine in (True, False):
                 flags = dict(NH=heads, KVH=kv_heads, HD=64, G=group, G_PAD=g_pad, SPLITS=kernels.MAX_SPLITS,
                              BLOCK_T=block_t, CHUNK=kernels.combine_chunk(kernels.MAX_SPLITS, g_pad, 64),
                              COMBINE=combine, PDL=True)
                 cases.append((f"split attention {label} tile {block_t}{'' if combine else ' partials'}",
-                              kernels._attention_split_kernel, split, flags, dict(num_warps=4)))
+                              kernels.attention._attention_split_kernel, split, flags, dict(num_warps=4)))
         for splits in (8, kernels.MAX_SPLITS):
             flags = dict(NH=heads, KVH=kv_heads, HD=64, G=group, G_PAD=g_pad, SPLITS=splits, PDL=True)
-            cases.append((f"split combine {label} {splits} ranges", kernels._attention_combine_kernel,
+            cases.append((f"split combine {label} {splits} ranges", kernels.attention._attention_combine_kernel,
                           dict(part_acc_ptr=fp32, part_best_ptr=fp32, part_total_ptr=fp32, out_ptr=bf16), flags,
                           dict(num_warps=2)))
     for one_row in (True, False):
         flags = dict(V=32000, H=2048, BLOCK_V=kernels.GREEDY_BLOCK_V, BLOCK_H=1024, ONE_ROW=one_row)
-        cases.append((f"greedy step {'one row' if one_row else 'rows'}", kernels._greedy_step_kernel, greedy, flags,
+        cases.append((f"greedy step {'one row' if one_row else 'rows'}", kernels.step._greedy_step_kernel, greedy, flags,
                       dict(num_warps=kernels.GREEDY_WARPS)))
     sample = dict(greedy, uniform_ptr=fp32, temperature="fp32", top_p="fp32", top_k="i32")
     # TinyLlama's vocabulary, with and without top-k, and the largest the kernel takes (SAMPLE_MAX_VOCAB)
@@ -145,7 +145,7 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         block = 1 << (vocab - 1).bit_length()
         flags = dict(V=vocab, H=hidden, BLOCK_V=block, BLOCK_H=1024, TEMPERATURE=True, TOP_K=top_k, TOP_P=top_p,
                      ONE_ROW=False)
-        cases.append((f"sample step vocab {vocab}{' top-k' if top_k else ''} top-p", kernels._sample_step_kernel,
+        cases.append((f"sample step vocab {vocab}{' top-k' if top_k else ''} top-p", kernels.step._sample_step_kernel,
                       sample, flags, dict(num_warps=kernels.sample_warps(block))))
     return cases
 

@@ -1,0 +1,82 @@
+"""Triton kernels for one decode step at small batch, implementing `inferlab.fast.spec`.
+
+At batch 1 a decode step is a chain of matrix-vector products: the time is the time to read
+the weights once, plus a fixed cost per kernel. These kernels cut both: each projection is
+one kernel that reads its matrix exactly once with wide, coalesced loads, and carries the work
+around it (RMSNorm before, SiLU*up or the residual add after) so that nothing else runs between
+two projections except the attention kernel, which also does RoPE and the cache write. A layer
+is five kernels (six when the cache holds more than one range of positions: the attention runs
+over ranges of the context, merged by `_attention_combine_kernel`, or, with
+`LaunchPolicy(head_combine="last")`, by the last range to finish); after the LM head, one more
+picks the greedy token, fetches its embedding for the next step and advances the position
+(`greedy_step`).
+
+On Hopper and later GPUs the kernels are chained by programmatic dependent launch (PDL): each
+one is launched while the previous one still runs, loads what does not depend on it (its first
+weight tile; for attention the rotary tables and the first cache rows), and only then waits
+for the previous kernel's results (``gdc_wait``). The greedy step kernel is launched without
+PDL, so every decode step starts after the previous step has completely finished.
+
+From ROWS_MIN_BATCH batch rows on, the projections run `_gemv_rows_kernel` instead: small matrix
+products on the tensor cores that read each weight tile once for the whole batch.
+
+Launch shapes (rows per program, K-tile, warps, pipelining depth) come from `gemv_config`,
+measured per matrix shape on an H200 by ``perf_tests/scripts/kernel_configs.py``; other shapes
+get the default row. Importing this package needs Triton; `inferlab.fast.engine` imports it only for
+CUDA (or under ``TRITON_INTERPRET=1``, which runs the kernels on the CPU for tests).
+
+Modules: `policy` (launch shapes and `LaunchPolicy`, plain data), `launch` (PDL, kept buffers),
+`projections`, `attention`, `step` (the kernels and their launches); `Kernels` below binds them
+to one launch mode and policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inferlab.fast.kernels.attention import (attention_decode, attention_decode_split, attention_splits,
+                                             combine_chunk)
+from inferlab.fast.kernels.launch import KEPT, kept, pdl_supported
+from inferlab.fast.kernels.policy import (ATTENTION_BLOCK_T, ATTENTION_KERNELS, DEFAULT_GEMV, DEFAULT_POLICY,
+                                          GREEDY_BLOCK_V, GREEDY_WARPS, MAX_SPLITS, MEASURED_GEMV, ROWS_GEMV,
+                                          SPLIT_BLOCK_T, SPLIT_COMBINES, SPLIT_POLICY, SPLIT_POSITIONS, LaunchConfig,
+                                          LaunchPolicy, gemv_config)
+from inferlab.fast.kernels.projections import batch_config, gemv, rms_columns, rows_split_k
+from inferlab.fast.kernels.step import SAMPLE_MAX_VOCAB, greedy_step, sample_kernel_fits, sample_step, sample_warps
+
+__all__ = [
+    "ATTENTION_BLOCK_T", "ATTENTION_KERNELS", "DEFAULT_GEMV", "DEFAULT_POLICY", "GREEDY_BLOCK_V", "GREEDY_WARPS", "KEPT",
+    "MAX_SPLITS", "MEASURED_GEMV", "ROWS_GEMV", "SAMPLE_MAX_VOCAB", "SPLIT_BLOCK_T", "SPLIT_COMBINES", "SPLIT_POLICY",
+    "SPLIT_POSITIONS", "Kernels", "LaunchConfig", "LaunchPolicy", "attention_decode", "attention_decode_split",
+    "attention_splits", "batch_config", "combine_chunk", "gemv", "gemv_config", "greedy_step", "kept", "pdl_supported",
+    "rms_columns", "rows_split_k", "sample_kernel_fits", "sample_step", "sample_warps",
+]
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """These kernels with one launch mode and launch policy, usable wherever `inferlab.fast.spec` is."""
+
+    pdl: bool | None = None
+    policy: LaunchPolicy = DEFAULT_POLICY
+
+    def gemv(self, *args, **kwargs) -> torch.Tensor:
+        return gemv(*args, pdl=self.pdl, policy=self.policy, **kwargs)
+
+    def attention_decode(self, qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads) -> torch.Tensor:
+        operands = (qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
+        policy = self.policy
+        if policy.attention_for(k_cache.shape[2]) == "split":
+            splits = attention_splits(k_cache.shape[2], policy.split_positions, policy.max_splits)
+            return attention_decode_split(*operands, block_t=policy.split_block_t, splits=splits, pdl=self.pdl,
+                                          combine=policy.split_combine)
+        return attention_decode(*operands, block_t=policy.head_block_t, pdl=self.pdl,
+                                range_positions=policy.head_range_for(k_cache.shape[2]), combine=policy.head_combine)
+
+    def greedy_step(self, *args, **kwargs) -> None:
+        greedy_step(*args, **kwargs)
+
+    def sample_step(self, *args, **kwargs) -> None:
+        sample_step(*args, **kwargs)

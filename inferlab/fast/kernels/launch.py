@@ -1,0 +1,43 @@
+"""What every kernel launch shares: programmatic dependent launch (whether the GPU has it, the
+launch option), and the buffers kernels keep between launches."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch needs a Hopper or later GPU."""
+    return device.type == "cuda" and _capability(device.index or 0)[0] >= 9
+
+
+def _use_pdl(device: torch.device, pdl: bool | None) -> bool:
+    """Programmatic dependent launch: each kernel is launched while the previous one runs, reads
+    the weights (never written) and waits (griddepcontrol.wait) before its first read of anything
+    an earlier kernel writes, and before its own writes, so the chain stays in order. None: on
+    wherever supported."""
+    return pdl_supported(device) if pdl is None else (pdl and pdl_supported(device))
+
+
+def _launch_options(pdl: bool) -> dict:
+    return {"launch_pdl": True} if pdl else {}
+
+
+# Buffers the kernels keep between launches, per purpose, device and shape: scratch for partial
+# results, and arrival counts that are zero between launches (each launch's last program to
+# arrive resets them), so they are allocated, zeroed, once.
+KEPT: dict = {}
+
+
+def kept(key: tuple, make) -> tuple:
+    """The buffers kept under `key`, made by `make()` the first time."""
+    if key not in KEPT:
+        KEPT[key] = make()
+    return KEPT[key]

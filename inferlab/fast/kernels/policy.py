@@ -1,0 +1,163 @@
+"""Which kernel each call runs and with which launch shape: `LaunchPolicy`, passed to the kernels,
+never patched in; and the launch shapes measured per matrix.
+
+Plain data: importing this module needs no Triton.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+DEFAULT_GEMV = LaunchConfig(block_n=8, block_k=256, num_warps=4, num_stages=3)
+# (N, K, gated) -> config: the TinyLlama-1.1B matrices, measured on an H200 (docs/perf/h200/kernels.md).
+MEASURED_GEMV: dict[tuple[int, int, bool], LaunchConfig] = {
+    (2560, 2048, False): LaunchConfig(2, 1024, 4, 1),  # [q; k; v]
+    (2048, 2048, False): LaunchConfig(2, 1024, 4, 1),  # o
+    (5632, 2048, True): LaunchConfig(4, 2048, 4, 3),  # [gate; up]
+    (2048, 5632, False): LaunchConfig(4, 2048, 4, 1),  # down
+    (32000, 2048, False): LaunchConfig(4, 1024, 4, 3),  # lm head
+}
+ATTENTION_BLOCK_T = 128
+# The split attention (`attention_decode_split`): positions per tile, and about one range of the
+# context per SPLIT_POSITIONS cached positions, at most MAX_SPLITS ranges.
+SPLIT_BLOCK_T, SPLIT_POSITIONS, MAX_SPLITS = 16, 32, 64
+GREEDY_BLOCK_V, GREEDY_WARPS = 8192, 16
+
+
+ATTENTION_KERNELS = {"head": "attention_decode", "split": "attention_decode_split"}
+SPLIT_COMBINES = ("last", "kernel")
+
+ROWS_GEMV = LaunchConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # measured at batch 4 on the H200
+
+
+@dataclass(frozen=True)
+class LaunchPolicy:
+    """Which GEMV kernel each call runs and with which launch shape: passed to the kernels, never patched in.
+
+    Fewer than `rows_min_batch` rows run one program per output tile per row, with the shape
+    `gemv[(n, k, gated)]` (else `default_gemv`); more rows run the tensor-core kernel, which reads
+    each weight tile once for `rows_block_m` rows, with `rows_gemv`.
+    """
+
+    gemv: Mapping[tuple[int, int, bool], LaunchConfig] = field(default_factory=lambda: MappingProxyType(MEASURED_GEMV))
+    default_gemv: LaunchConfig = DEFAULT_GEMV
+    rows_min_batch: int = 4
+    # "tensor": from rows_min_batch rows, the tensor-core kernel; "cuda": from 2 rows up to
+    # cuda_max_rows, one program per weight block multiplies it into every row on the CUDA cores
+    batched: str = "tensor"
+    cuda_max_rows: int = 8
+    rows_gemv: LaunchConfig = ROWS_GEMV
+    rows_block_m: int = 16
+    # the tensor-core kernel cuts K into ranges until its programs number about this many (0: never)
+    rows_target_programs: int = 0
+    # the tensor-core kernel loads its first weight tile before waiting on the previous kernel
+    # (as the one-row kernel does); to be measured against waiting first
+    rows_prefetch: bool = False
+    # the batched kernels' RMS pass over their rows in wide tiles summed as they go
+    # (`_rms_scales_wide`: 4 rows x 2048 columns in one load) instead of the products' K tiles
+    # (16 rows x 256 columns, eight loads one after another for K = 2048). To be measured.
+    wide_rms: bool = False
+    # the one-row and CUDA-core projection kernels issue every load that does not wait on a
+    # reduction at once (the residual beside the input; in the one-row kernel where K fits one
+    # tile, also the norm weight before the wait and the input read once for its norm and its
+    # products): one or two round trips to memory fewer per kernel (the kernels' EARLY). Not the
+    # tensor-core kernel: a residual tile held across its loop spills. To be measured before it is
+    # the default.
+    early_loads: bool = False
+    # "head": one program per query head (`attention_decode`); "split": one per KV head and range
+    # of the context, combined in the kernel (`attention_decode_split`), with these tiles and ranges;
+    # "auto": "split" for a cache of at least `split_min_cache` positions, else "head"
+    attention: str = "head"
+    head_block_t: int = ATTENTION_BLOCK_T  # cached positions per step of the per-head kernel's loop
+    # > 0: the per-head kernel cuts the context into ranges of this many positions, merged by a
+    # second kernel (`attention_decode`'s range_positions), where the cache holds more than one.
+    # 128: on the H200 the fastest decode step at every context measured (TPOT at prompt 128 + 128
+    # new 0.686 against 0.712 ms without ranges; + 500 new 0.697 against 0.813; prompt 1920 0.761
+    # against 2.185), ahead of ranges of 256 and the split kernel (docs/perf/h200/kernels.md)
+    head_range: int = 128
+    # who merges the per-head kernel's ranges: "kernel", `_attention_combine_kernel` after it (one
+    # kernel more a layer); "last", the last of each head's ranges to finish, in the same kernel
+    # (an atomic count a program instead of a kernel boundary). To be measured before it is the default.
+    head_combine: str = "kernel"
+    split_block_t: int = SPLIT_BLOCK_T
+    split_positions: int = SPLIT_POSITIONS
+    max_splits: int = MAX_SPLITS
+    # 2048: on an H100 the per-head kernel was still faster at 600 cached positions (12.9 against
+    # 17.4 us), and a 1024-position cache (prompt 128 + 500 new) decoded faster with it (TPOT 0.99
+    # against 1.12 ms); the split kernel won at 1024 positions and beyond (docs/perf/h100/README.md)
+    split_min_cache: int = 2048
+    # who combines the split attention's ranges: "last", the last program of each KV head to
+    # finish, in the same kernel (one loop over the ranges, CHUNK at a time); "kernel", a second
+    # kernel with one program per query head, all ranges loaded at once
+    split_combine: str = "last"
+    # how a sampled step ends: "torch", temperature, top-k and top-p with a sort, compiled by
+    # inductor (0.089 ms a step on an H100 at vocabulary 32,000: docs/perf/h100/targets.md);
+    # "kernel", `sample_step`, one kernel that finds the thresholds by bisection (vocabularies up
+    # to SAMPLE_MAX_VOCAB; larger ones keep the torch step). To be measured before it is the default.
+    sampling: str = "torch"
+
+    def __post_init__(self) -> None:
+        if self.batched not in ("tensor", "cuda"):
+            raise ValueError(f"batched must be 'tensor' or 'cuda', not {self.batched!r}")
+        if self.split_combine not in SPLIT_COMBINES:
+            raise ValueError(f"split_combine must be one of {list(SPLIT_COMBINES)}, not {self.split_combine!r}")
+        if self.head_combine not in SPLIT_COMBINES:
+            raise ValueError(f"head_combine must be one of {list(SPLIT_COMBINES)}, not {self.head_combine!r}")
+        if self.head_range < 0 or self.head_range % self.head_block_t:
+            raise ValueError(f"head_range must be 0 or a multiple of head_block_t ({self.head_block_t}), "
+                             f"not {self.head_range}")
+        if self.sampling not in ("torch", "kernel"):
+            raise ValueError(f"sampling must be 'torch' or 'kernel', not {self.sampling!r}")
+        if self.attention not in (*ATTENTION_KERNELS, "auto"):
+            raise ValueError(f"attention must be one of {sorted((*ATTENTION_KERNELS, 'auto'))}, not {self.attention!r}")
+
+    def attention_for(self, cache_length: int) -> str:
+        """"head" or "split": the attention this policy runs over a cache of `cache_length` positions."""
+        if self.attention == "auto":
+            return "split" if cache_length >= self.split_min_cache else "head"
+        return self.attention
+
+    def attention_kernel(self, cache_length: int) -> str:
+        """The name of the function in `inferlab.fast.kernels` that the policy's attention runs for that cache."""
+        return ATTENTION_KERNELS[self.attention_for(cache_length)]
+
+    def head_range_for(self, cache_length: int) -> int:
+        """Positions per range of the per-head kernel over a cache of `cache_length` positions: 0
+        (no ranges, no combine kernel) where the cache holds no more than one range."""
+        return self.head_range if self.head_range and cache_length > self.head_range else 0
+
+    def decode_kernels(self, layers: int, cache_length: int) -> int:
+        """Kernels in one greedy decode step over a cache of `cache_length` positions: per layer
+        the four projections and the attention, plus a combine kernel where one merges the
+        attention's ranges; then the LM head and the greedy step kernel."""
+        if self.attention_for(cache_length) == "split":
+            combine = self.split_combine == "kernel"
+        else:
+            combine = bool(self.head_range_for(cache_length)) and self.head_combine == "kernel"
+        return layers * (5 + combine) + 2
+
+    def gemv_config(self, n: int, k: int, gated: bool) -> LaunchConfig:
+        """The launch shape for an [n, k] matrix (n rows per half when gated) at few rows."""
+        return self.gemv.get((n, k, gated), self.default_gemv)
+
+
+DEFAULT_POLICY = LaunchPolicy()
+# The variants being measured (engine "fast-split"): attention split over the context, and
+# split-K until a batched projection has about two programs per SM of an H100/H200 (132 SMs).
+SPLIT_POLICY = LaunchPolicy(attention="split", rows_target_programs=264)
+
+
+def gemv_config(n: int, k: int, gated: bool) -> LaunchConfig:
+    """The default policy's launch shape for an [n, k] matrix."""
+    return DEFAULT_POLICY.gemv_config(n, k, gated)

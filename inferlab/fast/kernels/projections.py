@@ -1,0 +1,446 @@
+"""The projections: one kernel per matrix that reads it once, with the RMSNorm before it and the
+SiLU x up or the residual add after it fused in.
+
+- `_gemv_kernel`: one row (or a few, one program each), BLOCK_N weight rows a program;
+- `_gemv_rows_kernel`: from `LaunchPolicy.rows_min_batch` rows, small matrix products on the
+  tensor cores that read each weight tile once for the whole batch (split over K on request);
+- `_gemv_batch_kernel`: 2-8 rows on the CUDA cores (`LaunchPolicy(batched="cuda")`).
+
+`gemv` picks one by the policy and the number of rows.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from inferlab.fast.kernels.launch import _launch_options, _use_pdl, kept
+from inferlab.fast.kernels.policy import DEFAULT_POLICY, LaunchConfig, LaunchPolicy
+
+
+@triton.jit
+def _rms_scale(x_row, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) over one row of K elements."""
+    total = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        v = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+        total += v * v
+    return 1.0 / tl.sqrt(tl.sum(total, axis=0) / K + eps)
+
+
+@triton.jit
+def _weight_tile(w_ptr, rows, offs_k, mask_n, K: tl.constexpr, EVEN: tl.constexpr):
+    if EVEN:  # no mask: nothing stands between the compiler and 16-byte loads
+        return tl.load(w_ptr + rows + offs_k[None, :], eviction_policy="evict_first")
+    mask = mask_n[:, None] & (offs_k[None, :] < K)
+    return tl.load(w_ptr + rows + offs_k[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _load_row(x_row, offs_k, K: tl.constexpr, EVEN_K: tl.constexpr):
+    """x[offs_k], zero past K."""
+    if EVEN_K:
+        return tl.load(x_row + offs_k)
+    return tl.load(x_row + offs_k, mask=offs_k < K, other=0.0)
+
+
+@triton.jit
+def _input_tile(x_row, norm_ptr, offs_k, scale, K: tl.constexpr, NORM: tl.constexpr, EVEN_K: tl.constexpr, dtype):
+    """x[offs_k] as float32 [1, BLOCK_K], RMS-normalized and scaled by the norm weight when NORM."""
+    xv = _load_row(x_row, offs_k, K, EVEN_K)
+    if NORM:
+        return _normed(xv, _load_row(norm_ptr, offs_k, K, EVEN_K), scale, dtype)
+    return xv.to(tl.float32)[None, :]
+
+
+@triton.jit
+def _normed(xv, g, scale, dtype):
+    """x tile times its RMS scale, then times the norm weight g, rounded to `dtype` after each
+    product as the specification rounds them; as float32 [1, BLOCK_K]."""
+    xv = (xv.to(tl.float32) * scale).to(dtype)
+    xv = (g.to(tl.float32) * xv.to(tl.float32)).to(dtype)
+    return xv.to(tl.float32)[None, :]
+
+
+@triton.jit
+def _silu_times(gate, up, dtype):
+    """SiLU(gate) x up, rounded to `dtype` after each step as the specification rounds it."""
+    g = gate.to(tl.float32)
+    y = (g / (1.0 + tl.exp(-g))).to(dtype)
+    return (y.to(tl.float32) * up.to(tl.float32)).to(dtype)
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr,
+    M, eps,
+    N: tl.constexpr, K: tl.constexpr,
+    NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr,
+):
+    """out[m, n] for BLOCK_N consecutive n of one row m; the program reads its rows of W once.
+
+    The first tile of W is loaded before waiting on the previous kernel: weights are never
+    written, so under programmatic dependent launch the read starts while that kernel finishes.
+
+    EARLY issues every load that does not wait on a reduction at once: the residual right after
+    the wait, beside the input; and where K fits one tile, the norm weight before the wait and the
+    input once for its norm and its products. Otherwise each is a further round trip to memory
+    after a reduction.
+    """
+    pid = tl.program_id(0)
+    m = pid % M  # programs of one weight block and different rows run side by side: L2 shares W
+    offs_n = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    rows = offs_n.to(tl.int64)[:, None] * K
+    up_rows = (offs_n + N).to(tl.int64)[:, None] * K
+    x_row = x_ptr + m * K
+    dtype = w_ptr.dtype.element_ty
+    offs_k = tl.arange(0, BLOCK_K)
+    w = _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K)
+    if GATED:
+        u = _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K)
+    ONE_READ: tl.constexpr = EARLY and K <= BLOCK_K
+    if ONE_READ and NORM:
+        g = _load_row(norm_ptr, offs_k, K, EVEN_K)  # a weight too: read before the wait
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()  # from here on, the previous kernel's writes are visible
+    if EARLY and RESIDUAL:
+        r = tl.load(res_ptr + m * N + offs_n, mask=mask_n, other=0.0)
+    scale = 1.0
+    if ONE_READ:
+        xv = _load_row(x_row, offs_k, K, EVEN_K)
+        if NORM:
+            v = xv.to(tl.float32)
+            xf = _normed(xv, g, 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / K + eps), dtype)
+        else:
+            xf = xv.to(tl.float32)[None, :]
+    else:
+        if NORM:
+            scale = _rms_scale(x_row, eps, K, BLOCK_K)
+        xf = _input_tile(x_row, norm_ptr, offs_k, scale, K, NORM, EVEN_K, dtype)
+    acc = w.to(tl.float32) * xf
+    if GATED:
+        acc_up = u.to(tl.float32) * xf
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        xf = _input_tile(x_row, norm_ptr, offs_k, scale, K, NORM, EVEN_K, dtype)
+        acc += _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32) * xf
+        if GATED:
+            acc_up += _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32) * xf
+    y = tl.sum(acc, axis=1).to(dtype)
+    if GATED:
+        y = _silu_times(y, tl.sum(acc_up, axis=1).to(dtype), dtype)
+    if RESIDUAL:
+        if not EARLY:
+            r = tl.load(res_ptr + m * N + offs_n, mask=mask_n, other=0.0)
+        y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + m * N + offs_n, y.to(out_ptr.dtype.element_ty), mask=mask_n)
+
+
+@triton.jit
+def _rms_scales(x_rows, mask_m, eps, K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean(x^2) + eps) for each of BLOCK_M rows of K elements."""
+    total = tl.zeros([BLOCK_M, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs = k0 + tl.arange(0, BLOCK_K)
+        v = tl.load(x_rows + offs[None, :], mask=mask_m[:, None] & (offs[None, :] < K), other=0.0).to(tl.float32)
+        total += v * v
+    return 1.0 / tl.sqrt(tl.sum(total, axis=1) / K + eps)
+
+
+@triton.jit
+def _rms_scales_wide(x_ptr, row0, M, eps, K: tl.constexpr, BLOCK_M: tl.constexpr, RMS_M: tl.constexpr,
+                     RMS_K: tl.constexpr):
+    """`_rms_scales` of rows row0 .. row0 + BLOCK_M (those below M) as [BLOCK_M], reading the
+    RMS_M rows that can exist (RMS_M <= BLOCK_M) RMS_K columns at a time and summing each tile as
+    it goes: few, wide loads, so the pass costs few round trips to memory (rows past RMS_M: 0)."""
+    offs_r = row0 + tl.arange(0, RMS_M)
+    rows = x_ptr + offs_r.to(tl.int64)[:, None] * K
+    total = tl.zeros([RMS_M], dtype=tl.float32)
+    for k0 in range(0, K, RMS_K):
+        offs = k0 + tl.arange(0, RMS_K)
+        v = tl.load(rows + offs[None, :], mask=(offs_r[:, None] < M) & (offs[None, :] < K), other=0.0).to(tl.float32)
+        total += tl.sum(v * v, axis=1)
+    scale = 1.0 / tl.sqrt(total / K + eps)
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    return tl.sum(tl.where(offs_m[:, None] == offs_r[None, :], scale[None, :], 0.0), axis=1)
+
+
+@triton.jit
+def _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K: tl.constexpr, NORM: tl.constexpr, dtype):
+    """x[rows, offs_k] as float32 [BLOCK_M, BLOCK_K], rounded like `_input_tile`."""
+    mask_k = offs_k < K
+    xv = tl.load(x_rows + offs_k[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+    if NORM:
+        g = tl.load(norm_ptr + offs_k, mask=mask_k, other=0.0)
+        xv = (xv.to(tl.float32) * scale[:, None]).to(dtype)
+        xv = (g.to(tl.float32)[None, :] * xv.to(tl.float32)).to(dtype)
+    return xv.to(tl.float32)
+
+
+@triton.jit
+def _tile_dot(xv, w, acc, FP32: tl.constexpr):
+    """acc + xv [BM, BK] @ w [BN, BK]^T on the tensor cores; in float32 without TF32 (the same
+    products as the specification's float32 matmul)."""
+    if FP32:
+        return tl.dot(xv, tl.trans(w), acc, input_precision="ieee")
+    return tl.dot(xv, tl.trans(w), acc)
+
+
+@triton.jit
+def _gemv_rows_kernel(
+    x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, part_ptr, arrivals_ptr,
+    M, eps,
+    N: tl.constexpr, K: tl.constexpr,
+    NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr, PREFETCH: tl.constexpr,
+    RMS_M: tl.constexpr, RMS_K: tl.constexpr,
+):
+    """out[m, n] for BLOCK_M rows m and BLOCK_N consecutive n, as a matrix product on the tensor
+    cores: each tile of W is read once for all the rows, so a batch costs one read of the weights.
+
+    PREFETCH loads the program's first tile of W before waiting on the previous kernel, as
+    `_gemv_kernel` does (weights are never written), and multiplies it once the rows are in.
+    RMS_K > 0 reads the rows' RMS pass in wide tiles (`_rms_scales_wide`) instead of BLOCK_K ones.
+
+    SPLIT_K > 1 cuts K into that many ranges, one program each (more programs for a narrow
+    matrix): each stores its float32 partial sums and counts itself in `arrivals`; the last to
+    arrive adds the partial sums in range order (the same result whatever the arrival order),
+    applies the epilogue and resets the count to 0 for the next launch.
+    """
+    tile_n = tl.program_id(0)
+    split = tl.program_id(1)
+    tile_m = tl.program_id(2)
+    offs_n = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_n, mask_m = offs_n < N, offs_m < M
+    rows = offs_n.to(tl.int64)[:, None] * K
+    up_rows = (offs_n + N).to(tl.int64)[:, None] * K
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K
+    dtype = w_ptr.dtype.element_ty
+    K_TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    TILES_PER_SPLIT: tl.constexpr = (K_TILES + SPLIT_K - 1) // SPLIT_K
+    EVEN: tl.constexpr = EVEN_N and EVEN_K and K_TILES % SPLIT_K == 0
+    k_first = split * TILES_PER_SPLIT * BLOCK_K
+    if PREFETCH:
+        first_k = k_first + tl.arange(0, BLOCK_K)
+        w_first = _weight_tile(w_ptr, rows, first_k, mask_n, K, EVEN)  # [BN, BK]
+        if GATED:
+            u_first = _weight_tile(w_ptr, up_rows, first_k, mask_n, K, EVEN)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    scale = tl.full([BLOCK_M], 1.0, tl.float32)
+    if NORM:
+        if RMS_K:
+            scale = _rms_scales_wide(x_ptr, tile_m * BLOCK_M, M, eps, K, BLOCK_M, RMS_M, RMS_K)
+        else:
+            scale = _rms_scales(x_rows, mask_m, eps, K, BLOCK_M, BLOCK_K)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    if PREFETCH:
+        xv = _input_rows(x_rows, mask_m, norm_ptr, first_k, scale, K, NORM, dtype).to(dtype)
+        acc = _tile_dot(xv, w_first, acc, FP32)
+        if GATED:
+            acc_up = _tile_dot(xv, u_first, acc_up, FP32)
+    for k0 in range(BLOCK_K if PREFETCH else 0, TILES_PER_SPLIT * BLOCK_K, BLOCK_K):
+        offs_k = k_first + k0 + tl.arange(0, BLOCK_K)
+        xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype).to(dtype)  # [BM, BK]
+        acc = _tile_dot(xv, _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN), acc, FP32)  # W tile [BN, BK]
+        if GATED:
+            acc_up = _tile_dot(xv, _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN), acc_up, FP32)
+    at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    last = True
+    if SPLIT_K > 1:
+        tile = tile_m * tl.num_programs(0) + tile_n
+        cell = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+        PART: tl.constexpr = BLOCK_M * BLOCK_N
+        tl.store(part_ptr + ((tile * SPLIT_K + split) * 2) * PART + cell, acc)
+        if GATED:
+            tl.store(part_ptr + ((tile * SPLIT_K + split) * 2 + 1) * PART + cell, acc_up)
+        tl.debug_barrier()  # every thread's partial sums are written before the count says so
+        last = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1
+        if last:
+            tl.debug_barrier()
+            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in range(SPLIT_K):
+                acc += tl.load(part_ptr + ((tile * SPLIT_K + s) * 2) * PART + cell, cache_modifier=".cg")
+                if GATED:
+                    acc_up += tl.load(part_ptr + ((tile * SPLIT_K + s) * 2 + 1) * PART + cell, cache_modifier=".cg")
+            tl.atomic_xchg(arrivals_ptr + tile, 0)
+    if last:
+        y = acc.to(dtype)
+        if GATED:
+            y = _silu_times(y, acc_up.to(dtype), dtype)
+        if RESIDUAL:
+            r = tl.load(res_ptr + at, mask=mask, other=0.0)
+            y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
+        tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _split_k_scratch(device: torch.device, tiles: int, split_k: int, block_m: int, block_n: int) -> tuple:
+    """Partial sums ([gate and up] for each tile and range) and arrival counts for the split-K kernel."""
+    return kept(("split-k", device, tiles, split_k, block_m, block_n), lambda: (
+        torch.empty(tiles * split_k * 2 * block_m * block_n, device=device, dtype=torch.float32),
+        torch.zeros(tiles, device=device, dtype=torch.int32)))
+
+
+def rows_split_k(n_tiles: int, k_tiles: int, target_programs: int) -> int:
+    """Ranges of K for the tensor-core kernel: enough that `n_tiles` output tiles make about
+    `target_programs` programs (a power of two, at most one range per K tile); 1 when
+    `target_programs` is 0 or the tiles alone reach it."""
+    if target_programs <= n_tiles:
+        return 1
+    wanted = -(-target_programs // n_tiles)
+    return min(1 << (wanted - 1).bit_length(), 1 << (k_tiles.bit_length() - 1))
+
+
+@triton.jit
+def _gemv_batch_kernel(
+    x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr,
+    M, eps,
+    N: tl.constexpr, K: tl.constexpr,
+    NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RMS_K: tl.constexpr,
+):
+    """out[m, n] for every row m < M (M <= ROWS) and BLOCK_N consecutive n, on the CUDA cores.
+
+    `_gemv_kernel` for a few rows at once: the program reads each tile of its weight rows once
+    and multiplies it into all the rows, accumulating [ROWS, BLOCK_N, BLOCK_K] products
+    elementwise and summing over K at the end, as `_gemv_kernel` does for one row. A batch then
+    reads the weights once, with no tensor-core tile of 16 rows to fill. The first weight tile
+    is read before waiting on the previous kernel; EARLY loads the residual right after the wait.
+    RMS_K > 0 reads the rows' RMS pass in wide tiles (`_rms_scales_wide`) instead of BLOCK_K ones.
+    """
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, ROWS)
+    mask_n, mask_m = offs_n < N, offs_m < M
+    rows = offs_n.to(tl.int64)[:, None] * K
+    up_rows = (offs_n + N).to(tl.int64)[:, None] * K
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K
+    dtype = w_ptr.dtype.element_ty
+    offs_k = tl.arange(0, BLOCK_K)
+    w = _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K)  # [BN, BK]
+    u = w
+    if GATED:
+        u = _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    if EARLY and RESIDUAL:
+        r = tl.load(res_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :],
+                    mask=mask_m[:, None] & mask_n[None, :], other=0.0)
+    scale = tl.full([ROWS], 1.0, tl.float32)
+    if NORM:
+        if RMS_K:
+            scale = _rms_scales_wide(x_ptr, 0, M, eps, K, ROWS, ROWS, RMS_K)
+        else:
+            scale = _rms_scales(x_rows, mask_m, eps, K, ROWS, BLOCK_K)
+    xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype)[:, None, :]  # [ROWS, 1, BK]
+    acc = w.to(tl.float32)[None, :, :] * xv
+    acc_up = acc
+    if GATED:
+        acc_up = u.to(tl.float32)[None, :, :] * xv
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype)[:, None, :]
+        acc += _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32)[None, :, :] * xv
+        if GATED:
+            acc_up += _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32)[None, :, :] * xv
+    y = tl.sum(acc, axis=2).to(dtype)  # [ROWS, BN]
+    if GATED:
+        y = _silu_times(y, tl.sum(acc_up, axis=2).to(dtype), dtype)
+    at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    mask = mask_m[:, None] & mask_n[None, :]
+    if RESIDUAL:
+        if not EARLY:
+            r = tl.load(res_ptr + at, mask=mask, other=0.0)
+        y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_columns(rows: int, k: int, elements: int = 8192) -> int:
+    """Columns per tile of `_rms_scales_wide` over `rows` rows (a power of two): `elements` values
+    a tile (128 bytes a thread of bf16 over 4 warps), at most K rounded up to a power of two."""
+    return min(triton.next_power_of_2(k), max(16, elements // rows))
+
+
+def batch_config(rows: int, gated: bool, elements: int = 4096) -> LaunchConfig:
+    """`_gemv_batch_kernel`'s launch shape for `rows` (a power of two): 4 weight rows a program,
+    and K tiles such that the products it keeps, rows x 4 x BLOCK_K (twice when gated), are at
+    most `elements` floats (32 registers a thread over 4 warps), at least 32 columns."""
+    block_k = max(32, elements // (rows * 4 * (2 if gated else 1)))
+    return LaunchConfig(block_n=4, block_k=block_k, num_warps=4, num_stages=3)
+
+
+# From `policy.rows_min_batch` rows on, the tensor-core kernel (tiles of at least 16 x 16 x 16);
+# below it, one `_gemv_kernel` program per row and weight block, sharing each tile between rows
+# through L2. The switch point is measured (docs/perf/h200/kernels.md, § Batches).
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    norm: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    gated: bool = False,
+    out_dtype: torch.dtype | None = None,
+    config: LaunchConfig | None = None,
+    pdl: bool | None = None,
+    policy: LaunchPolicy = DEFAULT_POLICY,
+) -> torch.Tensor:
+    """Same contract as `inferlab.fast.spec.gemv`: x [M, K], weight [N or 2N, K] -> [M, N].
+
+    Fewer than `policy.rows_min_batch` rows run `_gemv_kernel`, more run `_gemv_rows_kernel`;
+    with `policy.batched == "cuda"`, 2 to `policy.cuda_max_rows` rows run `_gemv_batch_kernel`.
+    `config` overrides the policy's launch shape.
+    """
+    M, K = x.shape
+    N = weight.shape[0] // 2 if gated else weight.shape[0]
+    assert weight.shape[1] == K and x.is_contiguous() and weight.is_contiguous(), (x.shape, weight.shape)
+    out = torch.empty(M, N, device=x.device, dtype=out_dtype or x.dtype)
+    pdl = _use_pdl(x.device, pdl)
+    operands = (x, weight, x if norm is None else norm, x if residual is None else residual, out, M, eps)
+    flags = dict(N=N, K=K, NORM=norm is not None, GATED=gated, RESIDUAL=residual is not None, PDL=pdl)
+    if policy.batched == "cuda" and 2 <= M <= policy.cuda_max_rows:
+        rows = triton.next_power_of_2(M)
+        c = config or batch_config(rows, gated)
+        _gemv_batch_kernel[(triton.cdiv(N, c.block_n),)](
+            *operands, **flags, ROWS=rows, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+            EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, EARLY=policy.early_loads,
+            RMS_K=rms_columns(rows, K) if policy.wide_rms else 0,
+            num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
+        )
+        return out
+    if M < policy.rows_min_batch:
+        c = config or policy.gemv_config(N, K, gated)
+        _gemv_kernel[(M * triton.cdiv(N, c.block_n),)](
+            *operands, **flags, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+            EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, EARLY=policy.early_loads,
+            num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
+        )
+        return out
+    c = config or policy.rows_gemv
+    n_tiles, m_tiles = triton.cdiv(N, c.block_n), triton.cdiv(M, policy.rows_block_m)
+    split_k = rows_split_k(n_tiles * m_tiles, triton.cdiv(K, c.block_k), policy.rows_target_programs)
+    part, arrivals = (out, out) if split_k == 1 else _split_k_scratch(x.device, n_tiles * m_tiles, split_k,
+                                                                      policy.rows_block_m, c.block_n)
+    rms_m = min(policy.rows_block_m, triton.next_power_of_2(M)) if policy.wide_rms else 0  # rows a tile can hold
+    _gemv_rows_kernel[(n_tiles, split_k, m_tiles)](
+        *operands[:5], part, arrivals, *operands[5:], **flags, BLOCK_M=policy.rows_block_m, BLOCK_N=c.block_n,
+        BLOCK_K=c.block_k, EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, SPLIT_K=split_k,
+        FP32=weight.dtype == torch.float32, PREFETCH=policy.rows_prefetch, RMS_M=rms_m,
+        RMS_K=rms_columns(rms_m, K) if rms_m else 0, num_warps=c.num_warps, num_stages=c.num_stages,
+        **_launch_options(pdl),
+    )
+    return out
