@@ -1,6 +1,5 @@
 """Every subcommand's error paths, in one table: one line on stderr, the README's exit code, no traceback."""
 
-import json
 import re
 from pathlib import Path
 

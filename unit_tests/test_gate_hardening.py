@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from inferlab.cli import main
-from inferlab.suite import gate
 from inferlab.suite.gate import judge_report, load, stats
 from test_gate import SUITE, entry, noisy_rounds, run_dict, suite_file, write
 
