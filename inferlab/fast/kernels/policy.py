@@ -1,7 +1,7 @@
 """Which kernel each call runs and with which launch shape: `LaunchPolicy`, passed to the kernels,
 never patched in; and the launch shapes measured per matrix.
 
-Plain data: importing this module needs no Triton.
+Plain data, no kernel code.
 """
 
 from __future__ import annotations
