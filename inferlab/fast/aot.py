@@ -134,6 +134,22 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
             cases.append((f"split combine {label} {splits} ranges", kernels.attention._attention_combine_kernel,
                           dict(part_acc_ptr=fp32, part_best_ptr=fp32, part_total_ptr=fp32, out_ptr=bf16), flags,
                           dict(num_warps=2)))
+    layers = dict({name: bf16 for name in ("hidden_ptr", "xs_ptr", "qkv_ptr", "attn_ptr", "h_ptr", "wqkv_ptr", "wo_ptr",
+                                           "w13_ptr", "w2_ptr", "norm1_ptr", "norm2_ptr", "cos_ptr", "sin_ptr", "k_ptr",
+                                           "v_ptr")},
+                  pos_ptr=i64, bar_ptr=i32, err_ptr=i32, phase_first="i32", phase_last="i32", stride_cl="i32",
+                  stride_ch="i32", stride_ct="i32", eps="fp32", scale="fp32")
+    # every layer in one kernel (LaunchPolicy(persistent=True)), one program per SM of an H100/H200
+    for hidden, inner, heads, kv_heads, label in ((576, 1536, 9, 3, "SmolLM2"), (2048, 5632, 32, 4, "TinyLlama")):
+        nqkv, programs = (heads + 2 * kv_heads) * 64, 132
+        tiles = {"QKV": kernels.tile_shape(nqkv, hidden, programs, False),
+                 "O": kernels.tile_shape(hidden, heads * 64, programs, False),
+                 "13": kernels.tile_shape(inner, hidden, programs, True), "2": kernels.tile_shape(hidden, inner, programs, False)}
+        flags = dict(H=hidden, I=inner, NH=heads, KVH=kv_heads, HD=64, NPROG=programs, BLOCK_T=64,
+                     SPIN=kernels.persistent.SPIN_LIMIT, SYNC=True, **{f"BN_{m}": s[0] for m, s in tiles.items()},
+                     **{f"BK_{m}": s[1] for m, s in tiles.items()})
+        cases.append((f"layers {label} in one kernel, {programs} programs", kernels.persistent._decode_layers_kernel,
+                      layers, flags, dict(num_warps=8)))
     for one_row in (True, False):
         flags = dict(V=32000, H=2048, BLOCK_V=kernels.GREEDY_BLOCK_V, BLOCK_H=1024, ONE_ROW=one_row)
         cases.append((f"greedy step {'one row' if one_row else 'rows'}", kernels.step._greedy_step_kernel, greedy, flags,

@@ -181,6 +181,18 @@ class FastLayer(nn.Module):
         return self.wqkv, self.wo, self.w13, self.w2, self.attn_norm, self.ffn_norm
 
 
+def stack_layers(layers: nn.ModuleList) -> tuple[torch.Tensor, ...]:
+    """The layers' weights, one [L, ...] tensor a kind in `FastLayer.weights`' order; each layer's
+    buffers become views of them, so the weights are held once."""
+    stacks = []
+    for name in ("wqkv", "wo", "w13", "w2", "attn_norm", "ffn_norm"):
+        stack = torch.stack([getattr(layer, name) for layer in layers])
+        for index, layer in enumerate(layers):
+            setattr(layer, name, stack[index])
+        stacks.append(stack)
+    return tuple(stacks)
+
+
 @dataclass(frozen=True)
 class KVCache:
     """One shape's static KV cache, k and v [L, B, kvh, T, hd], and its RoPE tables cos, sin [T, hd]."""
@@ -257,7 +269,7 @@ class LayerStep(nn.Module):
 class FastLlama(nn.Module):
     """A Llama forward pass over a static KV cache: tokens [B, S] at positions [S] -> logits [B, 1, V]."""
 
-    def __init__(self, hf_model, sdpa: bool = False, prefill_flash: bool = True) -> None:
+    def __init__(self, hf_model, sdpa: bool = False, prefill_flash: bool = True, stacked: bool = False) -> None:
         super().__init__()
         check_supported(hf_model)
         config = hf_model.config
@@ -267,6 +279,8 @@ class FastLlama(nn.Module):
         self.eps = config.rms_norm_eps
         self.step = LayerStep(self.num_heads, self.num_kv_heads, self.head_dim, self.eps, sdpa, prefill_flash)
         self.layers = nn.ModuleList(FastLayer(layer) for layer in hf_model.model.layers)
+        # `stacked`: each kind of weight as one [L, ...] tensor, for the kernel that runs every layer
+        self.stacks = stack_layers(self.layers) if stacked else None
         self.register_buffer("embed", hf_model.get_input_embeddings().weight.detach(), persistent=False)
         self.register_buffer("norm", hf_model.model.norm.weight.detach(), persistent=False)
         self.register_buffer("lm_head", hf_model.get_output_embeddings().weight.detach(), persistent=False)
@@ -292,7 +306,12 @@ class FastLlama(nn.Module):
         return self.decode_hidden(F.embedding(tokens[:, 0], self.embed), position, cache, ops)
 
     def decode_hidden(self, x: torch.Tensor, position: torch.Tensor, cache: KVCache, ops) -> torch.Tensor:
-        """`decode` from the embedded tokens x [B, H]; each line below is one kernel."""
+        """`decode` from the embedded tokens x [B, H]; each line below is one kernel (with stacked
+        weights at batch 1, `decode_layers` runs every layer in one)."""
+        if self.stacks is not None and x.shape[0] == 1:
+            x = ops.decode_layers(x, self.stacks, cache.cos, cache.sin, position, cache.k, cache.v, self.num_heads,
+                                  self.num_kv_heads, self.eps)
+            return ops.gemv(x, self.lm_head, norm=self.norm, eps=self.eps, out_dtype=torch.float32)
         for index, layer in enumerate(self.layers):
             qkv = ops.gemv(x, layer.wqkv, norm=layer.attn_norm, eps=self.eps)
             attn = ops.attention_decode(qkv, cache.cos, cache.sin, position, cache.k[index], cache.v[index],
@@ -392,8 +411,10 @@ class FastEngine:
             raise UsageError("the fast engine needs prompts of equal length (no padding): use --engine eager or hf")
         B, S, N = key[:3]
         if self.net is None:
+            launch = self.options.launch
             self.net = FastLlama(self.hf_model, sdpa=self.options.sdpa,
-                                 prefill_flash=self.options.prefill_attention == "flash")
+                                 prefill_flash=self.options.prefill_attention == "flash",
+                                 stacked=self.options.triton and launch is not None and launch.persistent)
         positions = cache_length(S + N, getattr(self.hf_model.config, "max_position_embeddings", None))
         self.cache = self.net.new_cache(B, positions)
         vocab = self.net.embed.shape[0]

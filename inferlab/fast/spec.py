@@ -100,6 +100,33 @@ def attention_decode(
     return (probs @ values).reshape(M, num_heads * hd).to(dtype)
 
 
+def decode_layers(
+    hidden: torch.Tensor,
+    stacks: tuple[torch.Tensor, ...],
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    eps: float,
+) -> torch.Tensor:
+    """Every layer's five operations above, in turn: hidden [M, H] -> the residual stream after
+    the last layer, before the final norm.
+
+    stacks: (wqkv, wo, w13, w2, attn_norm, ffn_norm), each [L, ...], layer l's weights at index l;
+    k_cache, v_cache [L, M, kvh, T, hd]. The operation `inferlab.fast.kernels.decode_layers` runs
+    in one kernel."""
+    x = hidden
+    for index, (wqkv, wo, w13, w2, attn_norm, ffn_norm) in enumerate(zip(*stacks)):
+        qkv = gemv(x, wqkv, norm=attn_norm, eps=eps)
+        attn = attention_decode(qkv, cos, sin, position, k_cache[index], v_cache[index], num_heads, num_kv_heads)
+        x = gemv(attn, wo, residual=x)
+        x = gemv(gemv(x, w13, norm=ffn_norm, eps=eps, gated=True), w2, residual=x)
+    return x
+
+
 def greedy_step(
     logits: torch.Tensor,
     embed: torch.Tensor,

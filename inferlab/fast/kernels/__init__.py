@@ -26,7 +26,8 @@ get the default row. Importing this package needs Triton; `inferlab.fast.engine`
 CUDA (or under ``TRITON_INTERPRET=1``, which runs the kernels on the CPU for tests).
 
 Modules: `policy` (launch shapes and `LaunchPolicy`, plain data), `launch` (PDL, kept buffers),
-`projections`, `attention`, `step` (the kernels and their launches); `Kernels` below binds them
+`projections`, `attention`, `step` (the kernels and their launches), `persistent` (every layer
+of a batch-1 step in one kernel, `LaunchPolicy(persistent=True)`); `Kernels` below binds them
 to one launch mode and policy.
 """
 
@@ -43,15 +44,17 @@ from inferlab.fast.kernels.policy import (ATTENTION_BLOCK_T, ATTENTION_KERNELS, 
                                           GREEDY_BLOCK_V, GREEDY_WARPS, MAX_SPLITS, MEASURED_GEMV, ROWS_GEMV,
                                           SPLIT_BLOCK_T, SPLIT_COMBINES, SPLIT_POLICY, SPLIT_POSITIONS, LaunchConfig,
                                           LaunchPolicy, gemv_config)
+from inferlab.fast.kernels.persistent import barrier_errors, decode_layers, resident_programs, tile_shape
 from inferlab.fast.kernels.projections import batch_config, gemv, rms_columns, rows_split_k
 from inferlab.fast.kernels.step import SAMPLE_MAX_VOCAB, greedy_step, sample_kernel_fits, sample_step, sample_warps
 
 __all__ = [
-    "ATTENTION_BLOCK_T", "ATTENTION_KERNELS", "DEFAULT_GEMV", "DEFAULT_POLICY", "GREEDY_BLOCK_V", "GREEDY_WARPS", "KEPT",
-    "MAX_SPLITS", "MEASURED_GEMV", "ROWS_GEMV", "SAMPLE_MAX_VOCAB", "SPLIT_BLOCK_T", "SPLIT_COMBINES", "SPLIT_POLICY",
-    "SPLIT_POSITIONS", "Kernels", "LaunchConfig", "LaunchPolicy", "attention_decode", "attention_decode_split",
-    "attention_splits", "batch_config", "combine_chunk", "gemv", "gemv_config", "greedy_step", "kept", "pdl_supported",
-    "rms_columns", "rows_split_k", "sample_kernel_fits", "sample_step", "sample_warps",
+    "ATTENTION_BLOCK_T", "ATTENTION_KERNELS", "DEFAULT_GEMV", "DEFAULT_POLICY", "GREEDY_BLOCK_V", "GREEDY_WARPS",
+    "KEPT", "MAX_SPLITS", "MEASURED_GEMV", "ROWS_GEMV", "SAMPLE_MAX_VOCAB", "SPLIT_BLOCK_T", "SPLIT_COMBINES",
+    "SPLIT_POLICY", "SPLIT_POSITIONS", "Kernels", "LaunchConfig", "LaunchPolicy", "attention_decode",
+    "attention_decode_split", "attention_splits", "barrier_errors", "batch_config", "combine_chunk", "decode_layers",
+    "gemv", "gemv_config", "greedy_step", "kept", "pdl_supported", "resident_programs", "rms_columns", "rows_split_k",
+    "sample_kernel_fits", "sample_step", "sample_warps", "tile_shape",
 ]
 
 
@@ -74,6 +77,9 @@ class Kernels:
                                           combine=policy.split_combine)
         return attention_decode(*operands, block_t=policy.head_block_t, pdl=self.pdl,
                                 range_positions=policy.head_range_for(k_cache.shape[2]), combine=policy.head_combine)
+
+    def decode_layers(self, *args) -> torch.Tensor:
+        return decode_layers(*args, per_sm=self.policy.persistent_per_sm)
 
     def greedy_step(self, *args, **kwargs) -> None:
         greedy_step(*args, **kwargs)

@@ -106,6 +106,12 @@ class LaunchPolicy:
     # "kernel", `sample_step`, one kernel that finds the thresholds by bisection (vocabularies up
     # to SAMPLE_MAX_VOCAB; larger ones keep the torch step). To be measured before it is the default.
     sampling: str = "torch"
+    # at batch 1, every layer in one persistent kernel (`decode_layers`): about one program per
+    # SM (`persistent_per_sm`) alive for the whole step, its phases separated by grid barriers
+    # instead of kernel boundaries, so a step is three kernels (layers, LM head, greedy step)
+    # instead of five or six a layer. Built for the launch-bound small models; to be measured.
+    persistent: bool = False
+    persistent_per_sm: int = 1
 
     def __post_init__(self) -> None:
         if self.batched not in ("tensor", "cuda"):
@@ -119,6 +125,8 @@ class LaunchPolicy:
                              f"not {self.head_range}")
         if self.sampling not in ("torch", "kernel"):
             raise ValueError(f"sampling must be 'torch' or 'kernel', not {self.sampling!r}")
+        if self.persistent_per_sm < 1:
+            raise ValueError(f"persistent_per_sm must be at least 1, not {self.persistent_per_sm}")
         if self.attention not in (*ATTENTION_KERNELS, "auto"):
             raise ValueError(f"attention must be one of {sorted((*ATTENTION_KERNELS, 'auto'))}, not {self.attention!r}")
 
@@ -137,10 +145,13 @@ class LaunchPolicy:
         (no ranges, no combine kernel) where the cache holds no more than one range."""
         return self.head_range if self.head_range and cache_length > self.head_range else 0
 
-    def decode_kernels(self, layers: int, cache_length: int) -> int:
+    def decode_kernels(self, layers: int, cache_length: int, batch: int = 1) -> int:
         """Kernels in one greedy decode step over a cache of `cache_length` positions: per layer
         the four projections and the attention, plus a combine kernel where one merges the
-        attention's ranges; then the LM head and the greedy step kernel."""
+        attention's ranges; then the LM head and the greedy step kernel. With `persistent` at
+        batch 1, one kernel for all the layers instead."""
+        if self.persistent and batch == 1:
+            return 3
         if self.attention_for(cache_length) == "split":
             combine = self.split_combine == "kernel"
         else:
