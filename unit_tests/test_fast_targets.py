@@ -33,16 +33,18 @@ def test_absolute_and_relative_targets_are_judged_on_the_p50_and_a_missing_case_
 def test_the_targets_follow_the_cases_that_run(script):
     made = script.cases("m", "small", [1, 4, 8], 1920)
     assert [case.name for case in made] == [
-        "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 early_loads", "fast b1 head_combine=last", "fast b4",
-        "fast b8", "fast b4 cuda-core", "fast b8 cuda-core", "fast b4 rows_prefetch", "fast b8 rows_prefetch",
-        "fast b4 wide_rms", "fast b8 wide_rms", "fast prompt 1920", "fast sampled", "fast sampled kernel", "fast small", "fast small head_range=0",
-        "fast small early_loads", "fast small head_combine=last", "fast small early_loads head_combine=last"]
+        "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 early_loads", "fast b1 head_combine=last",
+        "fast b1 persistent", "fast b4", "fast b8", "fast b4 cuda-core", "fast b8 cuda-core", "fast b4 rows_prefetch",
+        "fast b8 rows_prefetch", "fast b4 wide_rms", "fast b8 wide_rms", "fast prompt 1920", "fast sampled",
+        "fast sampled kernel", "fast small", "fast small head_range=0", "fast small early_loads",
+        "fast small head_combine=last", "fast small early_loads head_combine=last", "fast small persistent"]
     launch = {case.name: case.launch for case in made}
     assert launch["fast small head_range=0"] == (("head_range", 0),)
     assert launch["fast sampled kernel"] == (("sampling", "kernel"),) and not launch["fast b1"]
     assert launch["fast b1 early_loads"] == launch["fast small early_loads"] == (("early_loads", True),)
     assert launch["fast b8 cuda-core"] == (("batched", "cuda"),)
     assert launch["fast b1 head_combine=last"] == (("head_combine", "last"),)
+    assert launch["fast b1 persistent"] == launch["fast small persistent"] == (("persistent", True),)
     assert launch["fast small early_loads head_combine=last"] == (("early_loads", True), ("head_combine", "last"))
     goals = script.targets([1, 4, 8], 1920, None)
     assert {goal.case for goal in goals} == {"fast b1", "fast b4", "fast b8", "fast prompt 1920", "fast sampled",
@@ -59,7 +61,7 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
     assert "only shows that every case runs" in done.stdout
     saved = json.loads(next(tmp_path.glob("*-targets/targets.json")).read_text())
     assert set(saved["results"]) == {"fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 early_loads",
-                                     "fast b1 head_combine=last", "fast b2",
+                                     "fast b1 head_combine=last", "fast b1 persistent", "fast b2",
                                      "fast b2 cuda-core", "fast prompt 24", "fast sampled", "fast sampled kernel"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]
     assert {row["verdict"] for row in saved["verdicts"]} <= {"met", "missed"}

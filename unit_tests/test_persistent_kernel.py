@@ -1,6 +1,6 @@
 """Every layer in one persistent kernel (`LaunchPolicy(persistent=True)`): the same function as the
-per-layer operations, its tiles handed out to any number of programs, the weights held once, the
-grid sized to what the GPU holds at once. On a CPU the kernel runs under Triton's interpreter,
+per-layer operations, its tiles handed out to any number of programs, the layers' weights as
+views of one stack a kind, the grid sized to what the GPU holds at once. On a CPU the kernel runs under Triton's interpreter,
 one launch per phase; on CUDA in one launch with its grid barriers, in bf16 too."""
 
 import pytest
@@ -64,7 +64,7 @@ def test_the_layers_kernel_computes_what_the_per_layer_operations_compute(kernel
     assert torch.equal(hidden, net.embed[7:8])  # the input is not written
 
 
-def test_stacked_weights_are_the_layers_own_held_once(tiny):
+def test_each_layers_weights_are_views_of_the_stacks(tiny):
     net = FastLlama(tiny.model, stacked=True)
     wqkv = net.stacks[0]
     assert wqkv.shape[0] == len(net.layers)

@@ -183,7 +183,8 @@ class FastLayer(nn.Module):
 
 def stack_layers(layers: nn.ModuleList) -> tuple[torch.Tensor, ...]:
     """The layers' weights, one [L, ...] tensor a kind in `FastLayer.weights`' order; each layer's
-    buffers become views of them, so the weights are held once."""
+    buffers become views of them. The fused [q; k; v] and [gate; up] are copies either way; o,
+    down and the norms, which the unstacked layers share with the model, are copied once more."""
     stacks = []
     for name in ("wqkv", "wo", "w13", "w2", "attn_norm", "ffn_norm"):
         stack = torch.stack([getattr(layer, name) for layer in layers])

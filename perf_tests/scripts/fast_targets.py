@@ -6,15 +6,16 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
 
 - the reference shape (`--model`, batch 1, prompt 128, 128 new tokens) for fast, hf, hf-static
   and eager;
-- the fast engine with `LaunchPolicy(early_loads=True)`, and with `LaunchPolicy(head_combine="last")`,
-  at the reference shape;
+- the fast engine with `LaunchPolicy(early_loads=True)`, with `LaunchPolicy(head_combine="last")`,
+  and with `LaunchPolicy(persistent=True)` (every layer in one kernel), at the reference shape;
 - the fast engine at each `--batch-sizes` (up to 8 rows also with `LaunchPolicy(batched="cuda")`,
   from 4 rows also with `LaunchPolicy(rows_prefetch=True)` and with `LaunchPolicy(wide_rms=True)`),
   at prompt `--long-prompt`, with temperature 0.7 and top-p 0.9 sampling (the step ending in the
   compiled torch ops, the default, and in the sampling kernel, `LaunchPolicy(sampling="kernel")`),
   and on `--small-model` (the embedded SmolLM2, real weights) when it loads, there also without
   the attention's ranges (`head_range=0`: one kernel fewer per layer, for a model whose step is
-  bound by launches rather than bytes), with `early_loads`, with `head_combine="last"`, and with both.
+  bound by launches rather than bytes), with `early_loads`, with `head_combine="last"`, with both,
+  and with `persistent`.
 
 Then, per model, the correctness of the default fast engine (`teacher_forced_check`): its greedy
 tokens against the eager loop's, and both one's logit error against an fp32 reference on the
@@ -79,6 +80,8 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found.append(Case("fast b1 early_loads", "fast", model, launch=(("early_loads", True),)))
     # the attention's ranges merged by the last range of each head to finish: one kernel fewer a layer
     found.append(Case("fast b1 head_combine=last", "fast", model, launch=(("head_combine", "last"),)))
+    # every layer in one persistent kernel, grid barriers between its phases (LaunchPolicy(persistent=True))
+    found.append(Case("fast b1 persistent", "fast", model, launch=(("persistent", True),)))
     found += [Case(f"fast b{b}", "fast", model, batch_size=b) for b in batch_sizes if b != 1]
     # up to 8 rows, each weight tile multiplied into every row on the CUDA cores (LaunchPolicy(batched="cuda"))
     found += [Case(f"fast b{b} cuda-core", "fast", model, batch_size=b, launch=(("batched", "cuda"),))
@@ -100,7 +103,8 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
                   Case(f"fast {small_model} head_combine=last", "fast", small_model,
                        launch=(("head_combine", "last"),)),
                   Case(f"fast {small_model} early_loads head_combine=last", "fast", small_model,
-                       launch=(("early_loads", True), ("head_combine", "last")))]
+                       launch=(("early_loads", True), ("head_combine", "last"))),
+                  Case(f"fast {small_model} persistent", "fast", small_model, launch=(("persistent", True),))]
     return found
 
 
@@ -159,6 +163,17 @@ def measure(case: Case, loaded, bandwidth, engine, output_length: int, warmup: i
     return result.to_dict()
 
 
+def barrier_check(device: torch.device) -> None:
+    """Raise if a grid barrier of the persistent kernel gave up waiting (its programs were not all
+    resident at once): its timings and tokens would mean nothing."""
+    from inferlab.fast import kernels
+
+    errors = kernels.barrier_errors(device)
+    if errors:
+        raise RuntimeError(f"{errors} grid-barrier waits of the persistent kernel gave up: its programs were not "
+                           "all resident at once")
+
+
 def error_line(error: Exception) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0][:300] if str(error) else ''}"
 
@@ -177,11 +192,11 @@ def fast_engine(engines: dict, case: Case, loaded) -> FastEngine:
     return engines[key]
 
 
-def check(loaded, engine: FastEngine, output_length: int) -> dict:
+def check(loaded, engine: FastEngine, output_length: int, label: str) -> dict:
     """`teacher_forced_check` at the reference shape, printed in one line."""
     prompt = build_prompt(loaded, BenchConfig(engine="fast", output_length=output_length))
     c = teacher_forced_check(loaded, prompt, output_length, engine)
-    print(f"correctness {loaded.name}: greedy tokens equal to the eager loop's "
+    print(f"correctness {label}: greedy tokens equal to the eager loop's "
           f"{100 * c['greedy_token_agreement_fast_vs_eager']:.0f}%; max |logit error| vs fp32 fast "
           f"{c['max_abs_logit_err_fast_vs_fp32']:.3f}, eager {c['max_abs_logit_err_eager_vs_fp32']:.3f}; mean fast "
           f"{c['mean_abs_logit_err_fast_vs_fp32']:.4f}, eager {c['mean_abs_logit_err_eager_vs_fp32']:.4f}; top-1 "
@@ -230,17 +245,20 @@ def main() -> int:
             engine = fast_engine(engines, case, models[case.model]) if case.engine == "fast" else None
             results[case.name] = measure(case, models[case.model], bandwidth, engine, args.output_length, args.warmup,
                                          args.runs)
+            if dict(case.launch).get("persistent") and device.type == "cuda":
+                barrier_check(device)
         except Exception as error:  # one case failing (a model that does not load, memory) must not hide the rest
             failed[case.name] = error_line(error)
             print(f"{case.name}: FAILED {failed[case.name]}", flush=True)
     correctness = {}
     for (model, launch), engine in engines.items():
-        if not launch:  # the default engine of each model
+        if not launch or dict(launch).get("persistent"):  # the default engine of each model, and one kernel for all layers
+            name = model if not launch else f"{model} persistent"
             try:
-                correctness[model] = check(models[model], engine, args.output_length)
+                correctness[name] = check(models[model], engine, args.output_length, name)
             except Exception as error:  # reported; the timings above are still written
-                failed[f"correctness {model}"] = error_line(error)
-                print(f"correctness {model}: FAILED {failed[f'correctness {model}']}", flush=True)
+                failed[f"correctness {name}"] = error_line(error)
+                print(f"correctness {name}: FAILED {failed[f'correctness {name}']}", flush=True)
     p50 = {name: {metric: result["summary"][metric]["p50"] for metric in ("tpot_ms", "ttft_ms")}
            for name, result in results.items()}
     verdicts = judge(targets(batch_sizes, args.long_prompt, small), p50)

@@ -29,7 +29,7 @@ from inferlab.fast.kernels.launch import kept
 from inferlab.fast.kernels.projections import _silu_times
 
 PHASES = 5  # a layer: [q; k; v], attention, o, [gate; up], down
-SPIN_LIMIT = 1 << 24  # polls of a barrier before a program gives up and counts an error (seconds)
+SPIN_LIMIT = 1 << 20  # polls of a barrier before a program gives up and counts an error (about a second)
 REGISTERS_PER_SM, SHARED_PER_SM, THREADS_PER_SM = 65536, 228 * 1024, 2048  # Hopper
 
 
@@ -42,9 +42,11 @@ def _grid_arrive(bar_ptr):
 
 @triton.jit
 def _grid_wait(bar_ptr, err_ptr, target, SPIN: tl.constexpr):
-    """Wait until the count reaches `target`; after SPIN polls, count an error in err_ptr and go on."""
+    """Wait until the count reaches `target`; after SPIN polls, count an error in err_ptr and go on.
+    Once one wait has given up, every later one (in this launch or the next) gives up at once, so
+    a grid that cannot be resident costs about one SPIN, not one per barrier, and is reported."""
     count = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-    polls = 0
+    polls = tl.where(tl.load(err_ptr, volatile=True) > 0, SPIN, 0)
     while (count < target) & (polls < SPIN):
         count = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
         polls += 1

@@ -110,6 +110,7 @@ class LaunchPolicy:
     # SM (`persistent_per_sm`) alive for the whole step, its phases separated by grid barriers
     # instead of kernel boundaries, so a step is three kernels (layers, LM head, greedy step)
     # instead of five or six a layer. Built for the launch-bound small models; to be measured.
+    # Its weights are stacked per kind ([L, ...]): o and down are then held twice (model and stack).
     persistent: bool = False
     persistent_per_sm: int = 1
 
