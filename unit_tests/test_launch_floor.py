@@ -33,6 +33,15 @@ def test_each_link_reads_what_the_one_before_wrote(script, reduce):
         assert b[:2].tolist() == [4.0, 4.0] and a[:2].tolist() == [3.0, 3.0]
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the interpreter case; on CUDA the script itself runs it")
+def test_each_barrier_separated_phase_reads_what_the_phase_before_wrote(script):
+    """Under Triton's interpreter (one launch a phase): three phases, as three chained links."""
+    a, b = torch.zeros(script.REDUCE_BLOCK), torch.zeros(script.REDUCE_BLOCK)
+    a[:3] = torch.tensor([1.0, 2.0, 3.0])
+    script.barrier_chain((a, b), 3, programs=2, sync=False)
+    assert b[:2].tolist() == [34.0, 34.0] and a[:3].tolist() == [15.0, 15.0, 3.0]  # as the reduce links above
+
+
 def test_the_step_floor_counts_every_kernel_and_every_byte(script):
     assert [script.POLICIES[p].decode_kernels(30, script.CACHE_LENGTH) for p in script.POLICIES] == [182, 152]
     # 152 boundaries of 1 us, and 270 MB at 3 TB/s (0.09 ms)

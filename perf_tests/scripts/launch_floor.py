@@ -15,6 +15,10 @@ launch, at grids of 1 to 4 programs per SM:
   written by the previous kernel loaded from L2, summed across the program (a reduction through
   shared memory), one value stored.
 
+- "grid barrier": the same "reduce" work as phases of one persistent kernel with one or two
+  programs per SM, separated by the grid barrier of `LaunchPolicy(persistent=True)` instead of
+  kernel boundaries (time per phase = kernel time / phases).
+
 Then, for each `--model`, the floor of its greedy decode step at batch 1 over a cache of 256
 positions (prompt 128 + 128 new tokens): kernels per step (`LaunchPolicy.decode_kernels`, for
 the default policy and with `head_combine="last"`) x the boundary ("reduce", PDL on where
@@ -33,6 +37,7 @@ import triton
 import triton.language as tl
 
 from inferlab.fast import kernels as ops
+from inferlab.fast.kernels import persistent
 from inferlab.measure import fingerprint, roofline
 from inferlab.measure.graph_timing import time_per_launch_us
 from inferlab.model.registry import load_model
@@ -56,6 +61,48 @@ def _link_kernel(src_ptr, dst_ptr, BLOCK: tl.constexpr, REDUCE: tl.constexpr, PD
     else:
         total = tl.load(src_ptr)
     tl.store(dst_ptr + pid % BLOCK, total + 1.0)
+
+
+@triton.jit
+def _barrier_chain_kernel(a_ptr, b_ptr, bar_ptr, err_ptr, phases, BLOCK: tl.constexpr, NPROG: tl.constexpr,
+                          SYNC: tl.constexpr, SPIN: tl.constexpr):
+    """`phases` links of the "reduce" kind inside one persistent kernel: each phase waits at the
+    grid barrier of `inferlab.fast.kernels.persistent` (where a kernel boundary would be), reads
+    the BLOCK values the last phase wrote, sums them and writes for the next. The last program
+    to arrive resets the count, as `_decode_layers_kernel` does."""
+    pid = tl.program_id(0)
+    phase = 0
+    while phase < phases:  # a while loop: a `range` over an argument breaks the interpreter
+        src, dst = a_ptr, b_ptr
+        if phase % 2 == 1:
+            src, dst = b_ptr, a_ptr
+        if SYNC:
+            persistent._grid_wait(bar_ptr, err_ptr, phase * NPROG, SPIN)
+        total = tl.sum(tl.load(src + tl.arange(0, BLOCK), cache_modifier=".cg"), axis=0)
+        tl.store(dst + pid % BLOCK, total + 1.0)
+        if SYNC:
+            if phase + 1 < phases:
+                persistent._grid_arrive(bar_ptr)
+        phase += 1
+    if SYNC:
+        tl.debug_barrier()
+        if tl.atomic_add(bar_ptr, 1, sem="acq_rel", scope="gpu") == phases * NPROG - 1:
+            tl.atomic_xchg(bar_ptr, 0)
+
+
+def barrier_chain(buffers: tuple[torch.Tensor, torch.Tensor], phases: int, programs: int, sync: bool = True) -> None:
+    """One launch of `phases` barrier-separated links (`_barrier_chain_kernel`); without `sync`
+    (the interpreter, which runs programs one after another), one launch a phase."""
+    a, b = buffers
+    bar, err = persistent._barrier(a.device)
+    if sync:
+        _barrier_chain_kernel[(programs,)](a, b, bar, err, phases, BLOCK=REDUCE_BLOCK, NPROG=programs, SYNC=True,
+                                           SPIN=persistent.SPIN_LIMIT, num_warps=4)
+        return
+    for phase in range(phases):
+        src, dst = (a, b) if phase % 2 == 0 else (b, a)
+        _barrier_chain_kernel[(programs,)](src, dst, bar, err, 1, BLOCK=REDUCE_BLOCK, NPROG=programs, SYNC=False,
+                                           SPIN=persistent.SPIN_LIMIT, num_warps=4)
 
 
 def link(src: torch.Tensor, dst: torch.Tensor, programs: int, reduce: bool, pdl: bool) -> None:
@@ -106,6 +153,13 @@ def main() -> int:
                 rows.append({"link": "reduce" if reduce else "empty", "programs": programs, "pdl": pdl, "us": us})
                 print(f"{rows[-1]['link']:6s} {programs:4d} programs, PDL {'on ' if pdl else 'off'}: "
                       f"{us:.2f} us a kernel", flush=True)
+    for programs in (sms, 2 * sms):  # the persistent kernel's grid: one or two programs per SM
+        us = time_per_launch_us([lambda p=programs: barrier_chain(buffers, args.links, p)]) / args.links
+        rows.append({"link": "grid barrier", "programs": programs, "pdl": False, "us": us})
+        print(f"grid barrier {programs:4d} programs: {us:.2f} us a phase (one kernel of {args.links} phases)", flush=True)
+    if ops.barrier_errors(device):
+        print("launch_floor: a grid barrier gave up waiting (its programs were not all resident): the barrier rows "
+              "mean nothing", flush=True)
     boundary = next(r["us"] for r in rows if r["link"] == "reduce" and r["programs"] == sms and r["pdl"] == pdl_modes[-1])
     floors = []
     for name in args.model or ["tinyllama-1.1b-random", "smollm2-135m"]:
