@@ -33,6 +33,20 @@ def _attend(keys, values, valid, q, scale, best, total, acc):
 
 
 @triton.jit
+def _attend_cached(k_ptr, v_ptr, cache_at, stride_ct, d, q, scale, best, total, acc, t0, t_end, BLOCK_T: tl.constexpr):
+    """`_attend` over the cached positions [t0, t_end), BLOCK_T at a time, from the cache at `cache_at`."""
+    while t0 < t_end:  # a while loop: its bound is read on the device (a `range` here breaks the interpreter)
+        t = t0 + tl.arange(0, BLOCK_T)
+        valid = t < t_end
+        at = cache_at + t[:, None] * stride_ct + d[None, :]
+        keys = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
+        values = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
+        best, total, acc = _attend(keys, values, valid, q, scale, best, total, acc)
+        t0 += BLOCK_T
+    return best, total, acc
+
+
+@triton.jit
 def _attention_decode_kernel(
     qkv_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, out_ptr,
     part_acc_ptr, part_best_ptr, part_total_ptr, arrivals_ptr,
@@ -101,15 +115,8 @@ def _attention_decode_kernel(
             best, total, acc = _attend(keys, values, valid, q, scale, best, total, acc)
     else:
         best, total, acc = _attend(keys, values, valid, q, scale, best, total, acc)
-    t0 = t_begin + BLOCK_T
-    while t0 < t_end:  # a while loop: its bound is read on the device (a `range` here breaks the interpreter)
-        t = t0 + tl.arange(0, BLOCK_T)
-        valid = t < t_end
-        at = cache_at + t[:, None] * stride_ct + d[None, :]
-        keys = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
-        values = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
-        best, total, acc = _attend(keys, values, valid, q, scale, best, total, acc)
-        t0 += BLOCK_T
+    best, total, acc = _attend_cached(k_ptr, v_ptr, cache_at, stride_ct, d, q, scale, best, total, acc,
+                                      t_begin + BLOCK_T, t_end, BLOCK_T)
     if RANGE:
         part = ((m * KVH + kv) * RANGES + r) * G_PAD + h % G
         tl.store(part_best_ptr + part, best)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inferlab.fast.kernels.attention import _attend, _rope
+from inferlab.fast.kernels.attention import _attend_cached, _rope
 from inferlab.fast.kernels.launch import kept
 from inferlab.fast.kernels.projections import _silu_times
 
@@ -193,15 +193,10 @@ def _attention_phase(qkv_ptr, cos_ptr, sin_ptr, pos, k_ptr, v_ptr, out_ptr, pid,
         best = tl.sum(q * k.to(tl.float32), axis=0) * scale
         total = best * 0.0 + 1.0
         acc = v.to(tl.float32)
-        t0 = 0
-        while t0 < pos:  # positions before this step's: written by earlier launches
-            t = t0 + tl.arange(0, BLOCK_T)
-            valid = t < pos
-            at = cache_at + t[:, None] * stride_ct + d[None, :]
-            keys = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
-            values = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
-            best, total, acc = _attend(keys, values, valid, q, scale, best, total, acc)
-            t0 += BLOCK_T
+        # the positions before this step's, written by earlier launches
+        first = tl.zeros([], dtype=tl.int32)  # a tensor: the loop changes it
+        best, total, acc = _attend_cached(k_ptr, v_ptr, cache_at, stride_ct, d, q, scale, best, total, acc, first, pos,
+                                          BLOCK_T)
         tl.store(out_ptr + h * HD + d, (acc / total).to(dtype))
         h += NPROG
 
