@@ -45,8 +45,9 @@ def _grid_wait(bar_ptr, err_ptr, target, SPIN: tl.constexpr):
     """Wait until the count reaches `target`; after SPIN polls, count an error in err_ptr and go on.
     Once one wait has given up, every later one (in this launch or the next) gives up at once, so
     a grid that cannot be resident costs about one SPIN, not one per barrier, and is reported."""
+    errors = tl.load(err_ptr, volatile=True)  # issued before the acquire, so the two loads overlap
     count = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-    polls = tl.where(tl.load(err_ptr, volatile=True) > 0, SPIN, 0)
+    polls = tl.where(errors > 0, SPIN, 0)
     while (count < target) & (polls < SPIN):
         count = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
         polls += 1
