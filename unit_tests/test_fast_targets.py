@@ -37,7 +37,8 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b1 persistent", "fast b4", "fast b8", "fast b4 cuda-core", "fast b8 cuda-core", "fast b4 rows_prefetch",
         "fast b8 rows_prefetch", "fast b4 wide_rms", "fast b8 wide_rms", "fast prompt 1920", "fast sampled",
         "fast sampled kernel", "fast small", "fast small head_range=0", "fast small early_loads",
-        "fast small head_combine=last", "fast small early_loads head_combine=last", "fast small persistent"]
+        "fast small head_combine=last", "fast small early_loads head_combine=last", "fast small persistent",
+        "fast small persistent per_sm=2"]
     launch = {case.name: case.launch for case in made}
     assert launch["fast small head_range=0"] == (("head_range", 0),)
     assert launch["fast sampled kernel"] == (("sampling", "kernel"),) and not launch["fast b1"]
@@ -45,6 +46,7 @@ def test_the_targets_follow_the_cases_that_run(script):
     assert launch["fast b8 cuda-core"] == (("batched", "cuda"),)
     assert launch["fast b1 head_combine=last"] == (("head_combine", "last"),)
     assert launch["fast b1 persistent"] == launch["fast small persistent"] == (("persistent", True),)
+    assert launch["fast small persistent per_sm=2"] == (("persistent", True), ("persistent_per_sm", 2))
     assert launch["fast small early_loads head_combine=last"] == (("early_loads", True), ("head_combine", "last"))
     goals = script.targets([1, 4, 8], 1920, None)
     assert {goal.case for goal in goals} == {"fast b1", "fast b4", "fast b8", "fast prompt 1920", "fast sampled",

@@ -15,7 +15,7 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   and on `--small-model` (the embedded SmolLM2, real weights) when it loads, there also without
   the attention's ranges (`head_range=0`: one kernel fewer per layer, for a model whose step is
   bound by launches rather than bytes), with `early_loads`, with `head_combine="last"`, with both,
-  and with `persistent`.
+  and with `persistent` (one and two programs per SM).
 
 Then, per model, the correctness of the default fast engine (`teacher_forced_check`): its greedy
 tokens against the eager loop's, and both one's logit error against an fp32 reference on the
@@ -104,7 +104,10 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
                        launch=(("head_combine", "last"),)),
                   Case(f"fast {small_model} early_loads head_combine=last", "fast", small_model,
                        launch=(("early_loads", True), ("head_combine", "last"))),
-                  Case(f"fast {small_model} persistent", "fast", small_model, launch=(("persistent", True),))]
+                  Case(f"fast {small_model} persistent", "fast", small_model, launch=(("persistent", True),)),
+                  # two programs per SM: twice the loads in flight in each phase, if the kernel fits them
+                  Case(f"fast {small_model} persistent per_sm=2", "fast", small_model,
+                       launch=(("persistent", True), ("persistent_per_sm", 2)))]
     return found
 
 
@@ -253,7 +256,7 @@ def main() -> int:
     correctness = {}
     for (model, launch), engine in engines.items():
         if not launch or dict(launch).get("persistent"):  # the default engine of each model, and one kernel for all layers
-            name = model if not launch else f"{model} persistent"
+            name = " ".join([model, *(f"{key}={value}" for key, value in launch)])
             try:
                 correctness[name] = check(models[model], engine, args.output_length, name)
             except Exception as error:  # reported; the timings above are still written
