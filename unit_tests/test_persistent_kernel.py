@@ -41,11 +41,13 @@ def filled_cache(net: FastLlama, length: int, position: int):
 
 @pytest.mark.parametrize("programs", [1, 3, 8])
 @pytest.mark.parametrize("position", [0, 5, 21])  # the first step; within one block of positions; past it
+@pytest.mark.parametrize("tile_elements", [4096, 256])  # K in one block (the input read once); in two or more
 @pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)])
-def test_the_layers_kernel_computes_what_the_per_layer_operations_compute(kernels, tiny, programs, position, dtype):
+def test_the_layers_kernel_computes_what_the_per_layer_operations_compute(kernels, tiny, programs, position,
+                                                                          tile_elements, dtype):
     """Any number of programs (one takes every tile; three and eight take them in turn, some none),
-    the new token's key and value written at `position`, attention over a cache of earlier
-    positions (one block of 64, and past it)."""
+    every K in one block or in several, the new token's key and value written at `position`,
+    attention over a cache of earlier positions (one block of 64, and past it)."""
     if DEVICE.type == "cuda" and dtype == torch.float32 and programs == 8:
         pytest.skip("covered at 1 and 3 programs")
     net = FastLlama(model_on_device(tiny, dtype), stacked=True)
@@ -54,7 +56,12 @@ def test_the_layers_kernel_computes_what_the_per_layer_operations_compute(kernel
     operands = (net.stacks, cache.cos, cache.sin, torch.tensor([position], device=DEVICE))
     heads = (net.num_heads, net.num_kv_heads, net.eps)
     expected = decode_ops.decode_layers(hidden, *operands, expected_cache.k, expected_cache.v, *heads)
-    ours = kernels.decode_layers(hidden, *operands, cache.k, cache.v, *heads, programs=programs)
+    ours = kernels.decode_layers(hidden, *operands, cache.k, cache.v, *heads, programs=programs,
+                                 tile_elements=tile_elements)
+    shapes = [kernels.tile_shape(n, k, programs, gated, tile_elements) for n, k, gated in
+              ((net.stacks[0].shape[1], net.stacks[0].shape[2], False), (net.stacks[3].shape[1], net.stacks[3].shape[2], False))]
+    assert all((columns >= k) == (tile_elements == 4096) for (_, columns), k in zip(shapes, (net.stacks[0].shape[2],
+                                                                                         net.stacks[3].shape[2])))
     if dtype == torch.float32:  # the same sums in another order (a later layer's cache entries too)
         for got, want in ((ours, expected), (cache.k, expected_cache.k), (cache.v, expected_cache.v)):
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
@@ -121,17 +128,19 @@ def test_a_persistent_step_is_three_kernels(kernels, tiny, monkeypatch):
 
 
 @pytest.mark.parametrize("n, k, programs, gated, shape", [
-    (960, 576, 132, False, (8, 512)),  # SmolLM2's [q; k; v]: 120 tiles of 8 rows, one a program
+    (960, 576, 132, False, (8, 1024)),  # SmolLM2's [q; k; v]: 120 tiles of 8 rows, one a program, K in one block
     (1536, 576, 132, True, (16, 128)),  # its [gate; up]: two halves of products kept
     (5632, 2048, 132, True, (64, 32)),  # TinyLlama's [gate; up]: the most rows, the fewest columns
-    (40, 96, 3, False, (16, 128)),  # few programs; K rounded up to a power of two
+    (40, 96, 3, False, (16, 128)),  # few programs; K rounded up to a power of two, in one block
+    (576, 1536, 132, False, (8, 512)),  # SmolLM2's down: K too long for one block
     (16, 64, 132, False, (1, 64)),  # more programs than rows: one row a tile
 ])
-def test_each_program_gets_at_most_one_tile_and_keeps_at_most_4096_products(kernels, n, k, programs, gated, shape):
+def test_each_program_gets_at_most_one_tile_and_a_bounded_number_of_products(kernels, n, k, programs, gated, shape):
     rows, columns = kernels.tile_shape(n, k, programs, gated)
     assert (rows, columns) == shape
     assert -(-n // rows) <= programs or rows == 64
-    assert rows * columns * (2 if gated else 1) <= 4096 or columns == 32
+    one_block = columns >= k
+    assert rows * columns * (2 if gated else 1) <= (8192 if one_block else 4096) or columns == 32
 
 
 @pytest.mark.parametrize("per_sm, registers, warps, shared, expected", [

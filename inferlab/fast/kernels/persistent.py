@@ -83,9 +83,14 @@ def _rms_scale_shared(x_ptr, eps, K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _input_block(x_ptr, norm_ptr, offs_k, scale, K: tl.constexpr, NORM: tl.constexpr, dtype):
-    """x[offs_k] as float32 [1, BLOCK_K]; RMS-normalized and times the norm weight when NORM,
-    rounded to `dtype` after each product as the specification rounds them."""
-    xv = _shared_row(x_ptr, offs_k, K)
+    """x[offs_k] as float32 [1, BLOCK_K]; RMS-normalized and times the norm weight when NORM."""
+    return _normalized(_shared_row(x_ptr, offs_k, K), norm_ptr, offs_k, scale, K, NORM, dtype)
+
+
+@triton.jit
+def _normalized(xv, norm_ptr, offs_k, scale, K: tl.constexpr, NORM: tl.constexpr, dtype):
+    """The block xv = x[offs_k] as float32 [1, BLOCK_K]; RMS-normalized and times the norm weight
+    when NORM, rounded to `dtype` after each product as the specification rounds them."""
     if NORM:
         xv = (xv.to(tl.float32) * scale).to(dtype)
         g = tl.load(norm_ptr + offs_k, mask=offs_k < K, other=0.0)
@@ -94,18 +99,18 @@ def _input_block(x_ptr, norm_ptr, offs_k, scale, K: tl.constexpr, NORM: tl.const
 
 
 @triton.jit
-def _gemv_tile(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, w, u, tile, scale,
+def _gemv_tile(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, w, u, xf, tile, scale,
                N: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """out[n] for the BLOCK_N rows n of `tile`, given its first K block of weights w (and u, the
-    up rows, when GATED): what `_gemv_kernel` computes for one row."""
+    up rows, when GATED) and of the input, xf [1, BLOCK_K] (the same for every tile): what
+    `_gemv_kernel` computes for one row."""
     EVEN_K: tl.constexpr = K % BLOCK_K == 0
     offs_n = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     rows = offs_n.to(tl.int64)[:, None] * K
     up_rows = (offs_n + N).to(tl.int64)[:, None] * K
     dtype = w_ptr.dtype.element_ty
-    xf = _input_block(x_ptr, norm_ptr, tl.arange(0, BLOCK_K), scale, K, NORM, dtype)
     acc = w.to(tl.float32) * xf
     acc_up = acc
     if GATED:
@@ -142,11 +147,17 @@ def _gemv_phase(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, eps, pid, bar_ptr, err
         u = _weight_block(w_ptr, (offs_n + N).to(tl.int64)[:, None] * K, offs_k, offs_n < N, K, EVEN_K)
     if SYNC:
         _grid_wait(bar_ptr, err_ptr, target, SPIN)  # from here on, the last phase's writes are visible
-    scale = 1.0
+    xv = _shared_row(x_ptr, offs_k, K)  # the input's first block: one read for every tile, and
+    scale = 1.0                         # where K fits it, for the RMS scale too
     if NORM:
-        scale = _rms_scale_shared(x_ptr, eps, K, BLOCK_K)
+        if K <= BLOCK_K:
+            v = xv.to(tl.float32)
+            scale = 1.0 / tl.sqrt(tl.sum(v * v, axis=0) / K + eps)
+        else:
+            scale = _rms_scale_shared(x_ptr, eps, K, BLOCK_K)
+    xf = _normalized(xv, norm_ptr, offs_k, scale, K, NORM, w_ptr.dtype.element_ty)
     if pid < TILES:
-        _gemv_tile(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, w, u, pid, scale, N, K, NORM, GATED, RESIDUAL,
+        _gemv_tile(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, w, u, xf, pid, scale, N, K, NORM, GATED, RESIDUAL,
                    BLOCK_N, BLOCK_K)
     tile = pid + NPROG
     while tile < TILES:
@@ -155,7 +166,7 @@ def _gemv_phase(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, eps, pid, bar_ptr, err
         u = w
         if GATED:
             u = _weight_block(w_ptr, (offs_n + N).to(tl.int64)[:, None] * K, offs_k, offs_n < N, K, EVEN_K)
-        _gemv_tile(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, w, u, tile, scale, N, K, NORM, GATED, RESIDUAL,
+        _gemv_tile(x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, w, u, xf, tile, scale, N, K, NORM, GATED, RESIDUAL,
                    BLOCK_N, BLOCK_K)
         tile += NPROG
 
@@ -261,11 +272,15 @@ def _decode_layers_kernel(
 def tile_shape(n: int, k: int, programs: int, gated: bool, elements: int = 4096) -> tuple[int, int]:
     """(rows, columns) of a weight tile for an [n, k] matrix (n rows per half when gated) over
     `programs` programs: the fewest rows, a power of two up to 64, that give each program at most
-    one tile; then columns such that the products a program keeps, rows x columns (twice when
-    gated), are at most `elements` floats (16 registers a thread over 8 warps), from 32 to K
-    rounded up to a power of two."""
+    one tile; then all of K (rounded up to a power of two) where the products a program keeps,
+    rows x columns (twice when gated), are at most twice `elements`, so that the input is read
+    once; else columns such that they are at most `elements` floats (16 registers a thread over
+    8 warps), at least 32."""
     rows = max(1, min(64, triton.next_power_of_2(-(-n // programs))))
-    columns = 1 << ((elements // (rows * (2 if gated else 1))).bit_length() - 1)  # a power of two at most that
+    halves = 2 if gated else 1
+    if rows * triton.next_power_of_2(k) * halves <= 2 * elements:
+        return rows, triton.next_power_of_2(k)  # all of K in one block: the input read once, its norm from it
+    columns = 1 << ((elements // (rows * halves)).bit_length() - 1)  # a power of two at most that
     return rows, max(32, min(triton.next_power_of_2(k), columns))
 
 
@@ -311,6 +326,7 @@ def decode_layers(
     programs: int | None = None,
     block_t: int = 64,
     num_warps: int = 8,
+    tile_elements: int = 4096,
 ) -> torch.Tensor:
     """hidden [1, H] through every layer -> the residual stream [1, H] after the last (before the
     final norm), as `inferlab.fast.spec`'s per-layer operations compute it, in one launch.
@@ -319,8 +335,8 @@ def decode_layers(
     attn_norm [L, H], ffn_norm [L, H]); k_cache, v_cache [L, 1, kvh, T, hd], written at `position`.
     On a GPU the grid is `per_sm` programs a multiprocessor, fewer if the compiled kernel does
     not fit that many (`resident_programs`); under the interpreter `programs` (default 3), one
-    launch per phase. 8 warps a program and tiles of at most 4,096 products: for SmolLM2's and
-    TinyLlama's shapes, no spill on sm_90 (`inferlab.fast.aot`)."""
+    launch per phase. 8 warps a program and tiles of `tile_elements` products (`tile_shape`): for
+    SmolLM2's and TinyLlama's shapes, no spill on sm_90 (`inferlab.fast.aot`)."""
     wqkv, wo, w13, w2, norm1, norm2 = stacks
     L, NQKV, H = wqkv.shape
     inner = w2.shape[2]
@@ -337,8 +353,9 @@ def decode_layers(
     strides = (k_cache.stride(0), k_cache.stride(2), k_cache.stride(3), eps, hd**-0.5)
 
     def flags(nprog: int) -> dict:
-        shapes = {"QKV": tile_shape(NQKV, H, nprog, False), "O": tile_shape(H, num_heads * hd, nprog, False),
-                  "13": tile_shape(inner, H, nprog, True), "2": tile_shape(H, inner, nprog, False)}
+        shapes = {"QKV": tile_shape(NQKV, H, nprog, False, tile_elements),
+                  "O": tile_shape(H, num_heads * hd, nprog, False, tile_elements),
+                  "13": tile_shape(inner, H, nprog, True, tile_elements), "2": tile_shape(H, inner, nprog, False, tile_elements)}
         return dict(H=H, I=inner, NH=num_heads, KVH=num_kv_heads, HD=hd, NPROG=nprog, BLOCK_T=block_t, SPIN=SPIN_LIMIT,
                     num_warps=num_warps, **{f"BN_{m}": s[0] for m, s in shapes.items()},
                     **{f"BK_{m}": s[1] for m, s in shapes.items()})
