@@ -124,3 +124,30 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     if perf_tests_asked_for(config):
         return None
     return "perf_tests: not run (ask for them: pytest -m gpu --benchmark-autosave, pytest -m perf, pytest perf_tests)"
+
+
+class _Recording:
+    """A jitted kernel that notes its name when launched."""
+
+    def __init__(self, kernel, name, launched):
+        self.kernel, self.name, self.launched = kernel, name, launched
+
+    def __getitem__(self, grid):
+        self.launched.append(self.name)
+        return self.kernel[grid]
+
+
+@pytest.fixture
+def record_launches(monkeypatch):
+    """`record_launches(names)`: the names of these jitted kernels of `inferlab.fast.kernels`, in
+    launch order, for the rest of the test."""
+    def record(names) -> list:
+        from inferlab.fast.kernels import attention, persistent, projections, step
+
+        launched = []
+        for name in names:
+            module = next(m for m in (projections, attention, step, persistent) if hasattr(m, name))
+            monkeypatch.setattr(module, name, _Recording(getattr(module, name), name, launched))
+        return launched
+
+    return record

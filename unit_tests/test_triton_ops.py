@@ -210,10 +210,10 @@ def test_k_is_cut_until_the_programs_reach_the_target(kernels, n_tiles, k_tiles,
 
 
 @pytest.mark.parametrize("rows_min_batch", [2, 4])
-def test_a_launch_policy_picks_the_kernel_without_touching_module_state(kernels, monkeypatch, rows_min_batch):
+def test_a_launch_policy_picks_the_kernel_without_touching_module_state(kernels, record_launches, rows_min_batch):
     """Three rows run one program each under the default policy and the tensor-core kernel under
     rows_min_batch=2; either way the function is the specification's, and the defaults stay as they were."""
-    launched = record_launches(kernels, monkeypatch, ("_gemv_kernel", "_gemv_rows_kernel"))
+    launched = record_launches(("_gemv_kernel", "_gemv_rows_kernel"))
     x, weight = draw(3, 64, seed=1), draw(16, 64, seed=4, scale=0.1)
     policy = kernels.LaunchPolicy(rows_min_batch=rows_min_batch, default_gemv=kernels.LaunchConfig(8, 64, 4, 1),
                                   rows_gemv=kernels.LaunchConfig(16, 64, 4, 1))
@@ -223,8 +223,8 @@ def test_a_launch_policy_picks_the_kernel_without_touching_module_state(kernels,
     assert kernels.DEFAULT_POLICY == kernels.LaunchPolicy() and kernels.DEFAULT_POLICY.rows_min_batch == 4
 
 
-def test_the_cuda_policy_runs_the_batch_kernel_from_two_rows_to_its_limit(kernels, monkeypatch):
-    launched = record_launches(kernels, monkeypatch, ("_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel"))
+def test_the_cuda_policy_runs_the_batch_kernel_from_two_rows_to_its_limit(kernels, record_launches):
+    launched = record_launches(("_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel"))
     weight = draw(16, 64, seed=4, scale=0.1)
     policy = kernels.LaunchPolicy(batched="cuda", cuda_max_rows=4, default_gemv=kernels.LaunchConfig(8, 64, 4, 1),
                                   rows_gemv=kernels.LaunchConfig(16, 64, 4, 1))
@@ -234,26 +234,6 @@ def test_the_cuda_policy_runs_the_batch_kernel_from_two_rows_to_its_limit(kernel
     assert launched == ["_gemv_kernel", "_gemv_batch_kernel", "_gemv_batch_kernel", "_gemv_rows_kernel"]
     with pytest.raises(ValueError, match="batched"):
         kernels.LaunchPolicy(batched="tensor cores")
-
-
-class _Recording:
-    """A jitted kernel that notes its name when launched."""
-
-    def __init__(self, kernel, name, launched):
-        self.kernel, self.name, self.launched = kernel, name, launched
-
-    def __getitem__(self, grid):
-        self.launched.append(self.name)
-        return self.kernel[grid]
-
-
-def record_launches(kernels, monkeypatch, names) -> list:
-    """The names of these jitted kernels, in launch order, for the rest of the test."""
-    launched = []
-    for name in names:
-        module = next(m for m in (kernels.projections, kernels.attention, kernels.step) if hasattr(m, name))
-        monkeypatch.setattr(module, name, _Recording(getattr(module, name), name, launched))
-    return launched
 
 
 def attention_inputs(M, heads, kv_heads, hd, T, dtype):
@@ -291,21 +271,19 @@ def test_attention_kernel_matches_the_specification_and_writes_the_cache(kernels
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("range_positions", [4, 8])  # 4 or 2 ranges of the 12 cached positions
 @pytest.mark.parametrize("heads", [4, 6])
-def test_the_last_range_to_finish_merges_the_heads_launch_after_launch(kernels, dtype, range_positions, heads):
+def test_the_last_range_to_finish_merges_the_heads_launch_after_launch(kernels, record_launches, dtype, range_positions,
+                                                                       heads):
     """`combine="last"`: no combine kernel; the last of each head's ranges to count itself merges
     them, empty ranges included (position 0, 5), and resets its count to 0 for the next launch."""
     M, kv_heads, hd, T = 2, 2, 16, 12
     qkv, cos, sin, k_cache, v_cache = attention_inputs(M, heads, kv_heads, hd, T, dtype)
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
-    launched = []
+    launched = record_launches(("_attention_combine_kernel",))
     for position in (0, 5, 11):
         at = torch.tensor([position], device=DEVICE)
         expected = decode_ops.attention_decode(qkv, cos, sin, at, expected_k, expected_v, heads, kv_heads)
-        with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(kernels.attention, "_attention_combine_kernel",
-                          _Recording(kernels.attention._attention_combine_kernel, "combine", launched))
-            ours = kernels.attention_decode(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads, block_t=4,
-                                            range_positions=range_positions, combine="last")
+        ours = kernels.attention_decode(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads, block_t=4,
+                                        range_positions=range_positions, combine="last")
         assert_same_function(ours, expected)
         assert_same_function(k_cache, expected_k)
         assert torch.equal(v_cache, expected_v)
@@ -404,8 +382,8 @@ def test_a_decode_step_counts_one_kernel_more_a_layer_where_a_second_kernel_merg
 @pytest.mark.parametrize("policy", [dict(head_block_t=4, head_range=8), dict(head_block_t=4, head_range=8,
                                                                             head_combine="last"),
                                     dict(head_block_t=4, head_range=0), dict(attention="split", split_combine="kernel")])
-def test_a_greedy_decode_step_launches_as_many_kernels_as_its_policy_counts(kernels, tiny, monkeypatch, policy):
-    launched = record_launches(kernels, monkeypatch, (
+def test_a_greedy_decode_step_launches_as_many_kernels_as_its_policy_counts(kernels, tiny, record_launches, policy):
+    launched = record_launches((
         "_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel", "_attention_decode_kernel", "_attention_split_kernel",
         "_attention_combine_kernel", "_greedy_step_kernel"))
     net = FastLlama(tiny.model)

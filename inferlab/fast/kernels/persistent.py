@@ -10,10 +10,10 @@ boundary would be. Before it waits, a program loads its first weight tile of the
 
 A grid barrier needs every program resident at once, so the grid is at most what the GPU holds
 (`resident_programs`, from the compiled kernel's registers and shared memory). A program that
-waits too long (`SPIN_LIMIT` polls) counts an error instead of hanging (`decode_layers` raises
-on it when asked to check). Under Triton's interpreter, which runs programs one after another, a
-barrier would never open: there each phase is a launch of its own (`SYNC=False`), the same code
-without the barriers.
+waits too long (`SPIN_LIMIT` polls) counts an error instead of hanging, and every later wait
+gives up at once; `barrier_errors` reads the count. Under Triton's interpreter, which runs
+programs one after another, a barrier would never open: there each phase is a launch of its own
+(`SYNC=False`), the same code without the barriers.
 """
 
 from __future__ import annotations
