@@ -33,38 +33,44 @@ def test_absolute_and_relative_targets_are_judged_on_the_p50_and_a_missing_case_
 def test_the_targets_follow_the_cases_that_run(script):
     made = script.cases("m", "small", [1, 4, 8], 1920)
     assert [case.name for case in made] == [
-        "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 early_loads", "fast b1 head_combine=last",
-        "fast b1 persistent", "fast b4", "fast b8", "fast b4 cuda-core", "fast b8 cuda-core", "fast b4 rows_prefetch",
-        "fast b8 rows_prefetch", "fast b4 wide_rms", "fast b8 wide_rms", "fast prompt 1920", "fast sampled",
-        "fast sampled kernel", "fast small", "fast small head_range=0", "fast small early_loads",
-        "fast small head_combine=last", "fast small early_loads head_combine=last", "fast small persistent",
-        "fast small persistent per_sm=2"]
+        "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 early_loads", "fast b4", "fast b8", "fast b4 rows={}",
+        "fast b8 rows={}", "fast prompt 1920", "fast sampled", "fast sampled torch", "fast small",
+        "fast small early_loads", "fast small default shapes", "fast small persistent"]
     launch = {case.name: case.launch for case in made}
-    assert launch["fast small head_range=0"] == (("head_range", 0),)
-    assert launch["fast sampled kernel"] == (("sampling", "kernel"),) and not launch["fast b1"]
+    assert launch["fast sampled torch"] == (("sampling", "torch"),) and not launch["fast b1"]
+    assert not launch["fast sampled"] and launch["fast b4 rows={}"] == (("rows", ()),)
     assert launch["fast b1 early_loads"] == launch["fast small early_loads"] == (("early_loads", True),)
-    assert launch["fast b8 cuda-core"] == (("batched", "cuda"),)
-    assert launch["fast b1 head_combine=last"] == (("head_combine", "last"),)
-    assert launch["fast b1 persistent"] == launch["fast small persistent"] == (("persistent", True),)
-    assert launch["fast small persistent per_sm=2"] == (("persistent", True), ("persistent_per_sm", 2))
-    assert launch["fast small early_loads head_combine=last"] == (("early_loads", True), ("head_combine", "last"))
+    assert launch["fast small persistent"] == (("persistent", True),)
     goals = script.targets([1, 4, 8], 1920, None)
-    assert {goal.case for goal in goals} == {"fast b1", "fast b4", "fast b8", "fast prompt 1920", "fast sampled",
-                                             "fast sampled kernel"}
+    assert {goal.case for goal in goals} == {"fast b1", "fast b4", "fast b8", "fast prompt 1920", "fast sampled"}
     assert not script.SAMPLED.greedy and script.SAMPLED.temperature == 0.7 and script.SAMPLED.top_p == 0.9
+
+
+def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
+    """The engines are kept per (model, launch): a launch is pairs, a mapping's value its own pairs,
+    and the policy made from them is the one the case names."""
+    kernels = pytest.importorskip("inferlab.fast.kernels")
+    made = {case.name: case for case in script.cases("m", "small", [1, 4], 1920)}
+    for case in made.values():
+        hash(case.launch)
+    assert dict(script.launch_policy(made["fast b4 rows={}"].launch).rows) == {}
+    default_shapes = script.launch_policy(made["fast small default shapes"].launch)
+    assert default_shapes.gemv_config(960, 576, False) == kernels.DEFAULT_GEMV != kernels.gemv_config(960, 576, False)
+    assert default_shapes.gemv_config(2560, 2048, False) == kernels.gemv_config(2560, 2048, False)
+    assert script.launch_policy(made["fast sampled torch"].launch).sampling == "torch"
+    assert kernels.DEFAULT_POLICY.sampling == "kernel"
 
 
 def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--model", "tiny-random",
-                           "--small-model", "", "--batch-sizes", "1,2", "--long-prompt", "24", "--output-length", "4",
+                           "--small-model", "", "--batch-sizes", "1,2,4", "--long-prompt", "24", "--output-length", "4",
                            "--warmup", "0", "--runs", "2"],
                           capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "only shows that every case runs" in done.stdout
     saved = json.loads(next(tmp_path.glob("*-targets/targets.json")).read_text())
-    assert set(saved["results"]) == {"fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 early_loads",
-                                     "fast b1 head_combine=last", "fast b1 persistent", "fast b2",
-                                     "fast b2 cuda-core", "fast prompt 24", "fast sampled", "fast sampled kernel"}
+    assert set(saved["results"]) == {"fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 early_loads", "fast b2",
+                                     "fast b4", "fast b4 rows={}", "fast prompt 24", "fast sampled", "fast sampled torch"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]
     assert {row["verdict"] for row in saved["verdicts"]} <= {"met", "missed"}
     check = saved["correctness"]["tiny-random"]  # fp32 on the CPU: the fast engine's tokens are the eager loop's

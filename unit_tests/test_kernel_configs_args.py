@@ -66,13 +66,17 @@ def test_a_tile_wider_than_k_is_tried_only_where_it_holds_the_row_whole(kernel_c
 
 def test_each_batch_size_is_probed_with_the_kernels_that_can_serve_it(kernel_configs):
     assert kernel_configs.row_counts("4,16") == [4, 16]
-    four, sixteen = kernel_configs.rows_variants(4), kernel_configs.rows_variants(16)
-    assert list(four) == ["per-row", "cuda-core", "tensor", "tensor prefetch", "tensor split-K 264"]
-    assert "cuda-core" not in sixteen  # beyond the CUDA-core kernel's 8 rows
     ops = kernel_configs.ops
-    # each policy picks the kernel its name says at that many rows
-    assert four["per-row"].rows_min_batch == 5 and sixteen["per-row"].rows_min_batch == 17
-    assert four["cuda-core"].batched == "cuda" and 4 <= four["cuda-core"].cuda_max_rows
-    assert all(p.rows_min_batch == 2 and p.batched == "tensor" for k, p in four.items() if k.startswith("tensor"))
-    assert four["tensor prefetch"].rows_prefetch and four["tensor split-K 264"].rows_target_programs == 264
-    assert four["tensor"].rows_gemv == ops.DEFAULT_POLICY.rows_gemv and not four["tensor"].rows_prefetch
+    four, sixteen = kernel_configs.rows_variants(4, 2560, 2048, False), kernel_configs.rows_variants(16, 2560, 2048, False)
+    assert list(four)[:6] == ["per-row", "cuda-core", "cuda-core, one-row shape", "tensor", "tensor prefetch",
+                              "tensor split-K 264"]
+    assert not any(label.startswith("cuda-core") for label in sixteen)  # beyond the CUDA-core kernel's 8 rows
+    assert four["cuda-core, one-row shape"].config == ops.gemv_config(2560, 2048, False)
+    assert four["tensor prefetch"].prefetch and four["tensor split-K 264"].target_programs == 264
+    assert four["tensor"] == ops.RowsLaunch("tensor") and four["per-row"].kernel == "row"
+    # each probe's policy runs its launch at that many rows, for that matrix only
+    for rows, variants in ((4, four), (16, sixteen)):
+        for label, launch in variants.items():
+            policy = kernel_configs.rows_policy(2560, 2048, False, rows, launch)
+            assert policy.rows_launch(2560, 2048, False, rows) == launch, label
+            assert policy.rows_launch(2048, 2048, False, rows) != launch, label

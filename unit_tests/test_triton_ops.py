@@ -236,6 +236,44 @@ def test_the_cuda_policy_runs_the_batch_kernel_from_two_rows_to_its_limit(kernel
         kernels.LaunchPolicy(batched="tensor cores")
 
 
+def test_a_matrix_measured_at_a_row_count_runs_its_own_kernel_there_and_only_there(kernels, record_launches):
+    """`LaunchPolicy.rows`: the [16, 64] matrix measured at 4 rows on the CUDA cores and at 16 rows
+    split over K runs so at 3-4 and 9-16 rows (and beyond 16, in tiles of 16 rows); other row counts
+    below the policy's switch, and other matrices, keep the policy-wide kernel. Each computes the
+    specification's function; the CUDA-core entry is not used beyond the CUDA-core kernel's limit."""
+    launched = record_launches(("_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel"))
+    small = kernels.LaunchConfig(8, 64, 4, 1)
+    table = {(16, 64, False, 4): kernels.RowsLaunch("cuda", small),
+             (16, 64, False, 16): kernels.RowsLaunch("tensor", kernels.LaunchConfig(16, 32, 4, 1), target_programs=4),
+             (16, 64, False, 8): kernels.RowsLaunch("row", small)}
+    policy = kernels.LaunchPolicy(default_gemv=small, rows_gemv=kernels.LaunchConfig(16, 64, 4, 1), rows=table)
+    weight, other = draw(16, 64, seed=4, scale=0.1), draw(32, 64, seed=5, scale=0.1)
+    run = kernels.Kernels(pdl=False, policy=policy).gemv
+    for M, w in ((3, weight), (4, weight), (8, weight), (16, weight), (20, weight), (4, other)):
+        x = draw(M, 64, seed=M)
+        assert_same_function(run(x, w), decode_ops.gemv(x, w))
+    assert launched == ["_gemv_kernel", "_gemv_batch_kernel", "_gemv_kernel", "_gemv_rows_kernel", "_gemv_rows_kernel",
+                        "_gemv_rows_kernel"]
+    assert policy.rows_launch(16, 64, False, 16).target_programs == 4
+    assert policy.rows_launch(16, 64, False, 5) == table[(16, 64, False, 8)]
+    narrow = kernels.LaunchPolicy(cuda_max_rows=2, rows=table)
+    assert narrow.rows_launch(16, 64, False, 4).kernel == "tensor"
+    assert kernels.LaunchPolicy(rows={}).rows_launch(2560, 2048, False, 4) == kernels.RowsLaunch(
+        "tensor", kernels.ROWS_GEMV)
+    with pytest.raises(ValueError, match="RowsLaunch kernel"):
+        kernels.RowsLaunch("tensor cores")
+
+
+def test_the_measured_batched_launches_are_the_shapes_the_engine_runs(kernels):
+    """MEASURED_ROWS keys TinyLlama's matrices as the engine multiplies them, at row counts a key can
+    take; the CUDA-core entries fit that kernel's row limit."""
+    matrices = {(n, k, gated) for n, k, gated in kernels.MEASURED_GEMV}
+    for (n, k, gated, rows), launch in kernels.MEASURED_ROWS.items():
+        assert (n, k, gated) in matrices and kernels.DEFAULT_POLICY.rows_key(n, k, gated, rows)[3] == rows
+        assert launch.kernel != "cuda" or rows <= kernels.DEFAULT_POLICY.cuda_max_rows
+        assert kernels.DEFAULT_POLICY.rows_launch(n, k, gated, rows) == launch
+
+
 def attention_inputs(M, heads, kv_heads, hd, T, dtype):
     """qkv [M, (heads + 2 kv_heads) hd], RoPE tables cos, sin [T, hd] (half-split layout) and
     caches [M, kv_heads, T, hd], drawn from fixed seeds (the caches' seeds 7 and 8)."""
@@ -565,19 +603,22 @@ def test_seeded_sampling_with_triton_kernels_draws_what_the_torch_step_draws(ker
     config = DecodeConfig(6, sampling=SamplingConfig(greedy=False, temperature=0.8, top_k=50, top_p=0.9), ignore_eos=True)
     graphs = DEVICE.type == "cuda"
     runs = []
-    for triton, launch in ((True, None), (True, None), (False, None), (True, kernels.LaunchPolicy(sampling="kernel"))):
-        engine = FastEngine(model, FastOptions(compile=False, graphs=graphs, triton=triton, launch=launch))
-        runs.append(engine.run(prompt, config, torch.Generator(DEVICE).manual_seed(7), HostClock()))
-    assert engine._sample_kernel  # the last engine ended each step in the sampling kernel
+    engines = []
+    for triton, launch in ((True, kernels.LaunchPolicy(sampling="torch")), (True, None), (False, None),
+                           (True, kernels.LaunchPolicy(sampling="kernel"))):
+        engines.append(FastEngine(model, FastOptions(compile=False, graphs=graphs, triton=triton, launch=launch)))
+        runs.append(engines[-1].run(prompt, config, torch.Generator(DEVICE).manual_seed(7), HostClock()))
+    # the torch step, the default (the sampling kernel), no Triton at all, and the kernel named
+    assert [engine._sample_kernel for engine in engines] == [False, True, False, True]
     assert all(torch.equal(runs[0], run) for run in runs[1:])
     assert len(set(runs[0].flatten().tolist())) > 1
 
 
 @pytest.mark.gpu
 def test_on_cuda_the_compiled_sample_step_in_the_graph_draws_what_the_torch_step_draws():
-    """The defaults on CUDA: Triton decode step, `sample_step` compiled by inductor, all replayed
-    in a CUDA graph; fp32 logits and the same uniform draws give the same tokens; so does the
-    sampling kernel (`LaunchPolicy(sampling="kernel")`) replayed in the graph."""
+    """On CUDA: Triton decode step, `sample_step` compiled by inductor (`LaunchPolicy(sampling=
+    "torch")`), all replayed in a CUDA graph; fp32 logits and the same uniform draws give the same
+    tokens as the eager ops; so do the defaults, the sampling kernel replayed in the graph."""
     from inferlab.model.registry import load_model
     from inferlab.decode.sampling import SamplingConfig
 
@@ -587,8 +628,8 @@ def test_on_cuda_the_compiled_sample_step_in_the_graph_draws_what_the_torch_step
     from inferlab.fast.kernels import LaunchPolicy
 
     runs = [FastEngine(model, options).run(prompt, config, torch.Generator(DEVICE).manual_seed(7), HostClock())
-            for options in (FastOptions(), FastOptions(compile=False, graphs=False, triton=False),
-                            FastOptions(launch=LaunchPolicy(sampling="kernel")))]
+            for options in (FastOptions(launch=LaunchPolicy(sampling="torch")),
+                            FastOptions(compile=False, graphs=False, triton=False), FastOptions())]
     assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])  # the last: the sampling kernel, in the graph
 
 

@@ -65,13 +65,11 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
     cases = []
     # the measured shapes, then SmolLM2's narrow matrices in one tile wider than K (masked), each
     # as it runs and with its loads issued early (LaunchPolicy(early_loads=True))
-    one_row = [(n, k, gated, config, True) for (n, k, gated), config in kernels.MEASURED_GEMV.items()]
-    one_row += [(960, 576, False, kernels.LaunchConfig(2, 1024, 4, 1), False),
-                (1536, 576, True, kernels.LaunchConfig(2, 1024, 4, 1), False),
-                (576, 1536, False, kernels.LaunchConfig(1, 2048, 4, 1), False)]
-    for (n, k, gated, config, even_k), early in itertools.product(one_row, (False, True)):
+    one_row = [(n, k, gated, config) for (n, k, gated), config in kernels.MEASURED_GEMV.items()]
+    for (n, k, gated, config), early in itertools.product(one_row, (False, True)):
         flags = dict(N=n, K=k, NORM=True, GATED=gated, RESIDUAL=not gated, BLOCK_N=config.block_n,
-                     BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=even_k, PDL=True, EARLY=early)
+                     BLOCK_K=config.block_k, EVEN_N=n % config.block_n == 0, EVEN_K=k % config.block_k == 0, PDL=True,
+                     EARLY=early)
         cases.append((f"gemv {n}x{k} tile {config.block_n}x{config.block_k}{' early loads' if early else ''}",
                       kernels.projections._gemv_kernel, gemv, flags, dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     rows = kernels.DEFAULT_POLICY.rows_gemv
@@ -108,6 +106,15 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
                          BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=True, PDL=True, EARLY=early,
                          RMS_K=kernels.rms_columns(rows, k) if wide else 0)
             cases.append((f"batch {rows} rows {n}x{k}{' early loads' if early else ''}{' wide RMS' if wide else ''}",
+                          kernels.projections._gemv_batch_kernel, gemv, flags,
+                          dict(num_warps=config.num_warps, num_stages=config.num_stages)))
+    for (n, k, gated, rows), launch in kernels.MEASURED_ROWS.items():  # measured per matrix, in their own shapes
+        if launch.kernel == "cuda" and launch.config is not None:
+            config = launch.config
+            flags = dict(N=n, K=k, NORM=True, GATED=gated, RESIDUAL=not gated, ROWS=rows, BLOCK_N=config.block_n,
+                         BLOCK_K=config.block_k, EVEN_N=n % config.block_n == 0, EVEN_K=k % config.block_k == 0,
+                         PDL=True, EARLY=False, RMS_K=0)
+            cases.append((f"batch {rows} rows {n}x{k} tile {config.block_n}x{config.block_k}",
                           kernels.projections._gemv_batch_kernel, gemv, flags,
                           dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     for heads, kv_heads, label in ((32, 4, "TinyLlama"), (9, 3, "SmolLM2")):

@@ -135,23 +135,39 @@ def probe_shape(name: str, N: int, K: int, kind: str, device, bandwidth: float, 
             "default_us": default_us, "in_use": current, "in_use_us": current_us, "pdl": pdl}
 
 
-def rows_variants(rows: int) -> dict[str, ops.LaunchPolicy]:
-    """The batched projection kernels that can serve `rows` rows, as the policies that pick them:
-    one program per row; the CUDA-core kernel (up to its row limit); the tensor-core kernel as it
-    runs, with its first tile loaded before the wait, and split over K to two programs per SM."""
-    tensor = replace(ops.DEFAULT_POLICY, rows_min_batch=2)
-    variants = {"per-row": replace(ops.DEFAULT_POLICY, rows_min_batch=rows + 1)}
+def rows_variants(rows: int, N: int, K: int, gated: bool) -> dict[str, ops.RowsLaunch]:
+    """The batched projection kernels that can serve `rows` rows of an [N, K] matrix, as launches:
+    one program per row; the CUDA-core kernel (up to its row limit) in its own launch shape and in
+    the one-row kernel's (long tiles of few weight rows); the tensor-core kernel as it runs by
+    default, with its first tile loaded before the wait, split over K to two programs per SM, and
+    in narrower and wider tiles."""
+    variants = {"per-row": ops.RowsLaunch("row")}
     if rows <= ops.DEFAULT_POLICY.cuda_max_rows:
-        variants["cuda-core"] = replace(ops.DEFAULT_POLICY, batched="cuda")
-    variants.update({"tensor": tensor, "tensor prefetch": replace(tensor, rows_prefetch=True),
-                     "tensor split-K 264": replace(tensor, rows_target_programs=264)})
+        variants["cuda-core"] = ops.RowsLaunch("cuda")
+        variants["cuda-core, one-row shape"] = ops.RowsLaunch("cuda", ops.gemv_config(N, K, gated))
+    variants.update({"tensor": ops.RowsLaunch("tensor"), "tensor prefetch": ops.RowsLaunch("tensor", prefetch=True),
+                     "tensor split-K 264": ops.RowsLaunch("tensor", target_programs=264)})
+    for label, config in ROWS_TILES.items():
+        variants[f"tensor {label}"] = ops.RowsLaunch("tensor", config)
+        variants[f"tensor {label} split-K 264"] = ops.RowsLaunch("tensor", config, target_programs=264)
     return variants
 
 
+# the tensor-core kernel's tiles tried beside the default (`ROWS_GEMV`, 32 weight rows x 256)
+ROWS_TILES = {"n16": ops.LaunchConfig(16, 256, 4, 4), "n64 k128": ops.LaunchConfig(64, 128, 4, 4)}
+
+
+def rows_policy(N: int, K: int, gated: bool, rows: int, launch: ops.RowsLaunch) -> ops.LaunchPolicy:
+    """The default policy with `launch` measured for this matrix at `rows` rows, and nothing else
+    in its table: the policy that runs `launch` there."""
+    key = ops.DEFAULT_POLICY.rows_key(N, K, gated, rows)
+    return replace(ops.DEFAULT_POLICY, rows=MappingProxyType({key: launch}))
+
+
 def probe_rows(name: str, N: int, K: int, kind: str, rows: int, device, bandwidth: float, pdl: bool) -> dict:
-    """Each batched kernel (`rows_variants`) on one matrix at `rows` rows, in the shapes the policies
-    give: checked against the specification, then timed with the weights rotated out of L2 as in
-    `probe_shape`. A batch reads the weights once, so the bandwidth is weight bytes / time."""
+    """Each batched kernel (`rows_variants`) on one matrix at `rows` rows: checked against the
+    specification, then timed with the weights rotated out of L2 as in `probe_shape`. A batch reads
+    the weights once, so the bandwidth is weight bytes / time."""
     gated = kind == "gated"
     weight_bytes = (2 * N if gated else N) * K * 2
     copies = max(2, math.ceil(L2_ROTATION_BYTES / weight_bytes))
@@ -159,25 +175,25 @@ def probe_rows(name: str, N: int, K: int, kind: str, rows: int, device, bandwidt
     x = torch.randn(rows, K, device=device, dtype=torch.bfloat16)
     kwargs = kwargs_for(kind, x, N)
     expected = decode_ops.gemv(x, weights[0], **kwargs).float()
-    variants = rows_variants(rows)
-    runs = [(label, policy, None) for label, policy in variants.items()]
-    if "cuda-core" in variants:  # also in the one-row kernel's launch shape: long tiles of few weight rows
-        runs.append(("cuda-core, one-row shape", variants["cuda-core"], ops.gemv_config(N, K, gated)))
     results = {}
-    for label, policy, config in runs:
+    for label, launch in rows_variants(rows, N, K, gated).items():
+        policy = rows_policy(N, K, gated, rows, launch)
         try:
-            got = ops.gemv(x, weights[0], policy=policy, pdl=pdl, config=config, **kwargs).float()
-            us = time_per_launch_us([lambda w=w: ops.gemv(x, w, policy=policy, pdl=pdl, config=config, **kwargs)
-                                     for w in weights])
+            got = ops.gemv(x, weights[0], policy=policy, pdl=pdl, **kwargs).float()
+            us = time_per_launch_us([lambda w=w: ops.gemv(x, w, policy=policy, pdl=pdl, **kwargs) for w in weights])
         except Exception as error_:  # a shape the compiler rejects (registers, shared memory)
             print(f"  rows {rows} {name} {label}: {type(error_).__name__}", flush=True)
             continue
         error = ((got - expected).norm() / expected.norm()).item()
         results[label] = {"us": us, "gb_s": weight_bytes / us / 1e3, "relative_error_vs_spec": error,
-                          "config": config.__dict__ if config else None}
+                          "launch": {**launch.__dict__, "config": launch.config.__dict__ if launch.config else None}}
     print(f"rows {rows:2d} {name:8s} N={N:6d} K={K:5d} {weight_bytes / 1e6:6.1f} MB | " + " | ".join(
         f"{label} {r['us']:.2f} us {100 * r['gb_s'] * 1e9 / bandwidth:.0f}% (err {r['relative_error_vs_spec']:.0e})"
         for label, r in results.items()), flush=True)
+    if results:
+        best = min(results, key=lambda label: results[label]["us"])
+        print(f"  fastest: {best} {results[best]['us']:.2f} us ({N}, {K}, {gated}, {rows}): "
+              f"{rows_variants(rows, N, K, gated)[best]}", flush=True)
     del weights
     torch.cuda.empty_cache()
     return {"name": name, "N": N, "K": K, "kind": kind, "rows": rows, "weight_bytes": weight_bytes, "pdl": pdl,
@@ -346,6 +362,7 @@ def step_variants(text: str) -> list[tuple[str, str, str]]:
     return [known[c] for c in chosen]
 
 
+NO_TABLE = MappingProxyType({})  # a policy's `rows`: every matrix in the policy-wide kernel and launch
 ROWS_CANDIDATES = [ops.LaunchConfig(bn, bk, 4, stages) for bn in (16, 32) for bk in (128, 256, 512) for stages in (3, 4)]
 
 
@@ -361,18 +378,18 @@ def batched_steps(loaded, measured, batch_sizes: list[int], budget_s: float, can
         if batch_size == 1:
             steps.append(step_tpot(loaded, measured, options, "triton, batch 1", 1))
             continue
-        per_row = replace(options, launch=ops.LaunchPolicy(rows_min_batch=batch_size + 1))
+        per_row = replace(options, launch=ops.LaunchPolicy(rows_min_batch=batch_size + 1, rows=NO_TABLE))
         steps.append({**step_tpot(loaded, measured, per_row, f"triton, batch {batch_size}, per-row", batch_size),
                       "batched_gemv": "per-row"})
         if batch_size <= ops.DEFAULT_POLICY.cuda_max_rows:
-            cuda = replace(options, launch=ops.LaunchPolicy(batched="cuda"))
+            cuda = replace(options, launch=ops.LaunchPolicy(batched="cuda", rows=NO_TABLE))
             steps.append({**step_tpot(loaded, measured, cuda, f"triton, batch {batch_size}, CUDA-core batch kernel",
                                       batch_size), "batched_gemv": "cuda"})
         for config, target, prefetch in itertools.product(candidates, targets, (False, True)):
             if time.perf_counter() > deadline:
                 break
             rows = replace(options, launch=ops.LaunchPolicy(rows_min_batch=2, rows_gemv=config, rows_target_programs=target,
-                                                            rows_prefetch=prefetch))
+                                                            rows_prefetch=prefetch, rows=NO_TABLE))
             label = (f"triton, batch {batch_size}, rows {config.__dict__}, split-K target {target}"
                      f"{', first tile before the wait' if prefetch else ''}")
             try:

@@ -20,13 +20,21 @@ class LaunchConfig:
 
 
 DEFAULT_GEMV = LaunchConfig(block_n=8, block_k=256, num_warps=4, num_stages=3)
-# (N, K, gated) -> config: the TinyLlama-1.1B matrices, measured on an H200 (docs/perf/h200/kernels.md).
+# (N, K, gated) -> config: the TinyLlama-1.1B and SmolLM2-135M matrices, measured on an H200
+# (docs/perf/h200/kernels.md; SmolLM2's by `kernel_configs.py --model smollm2-135m --early-loads`).
 MEASURED_GEMV: dict[tuple[int, int, bool], LaunchConfig] = {
     (2560, 2048, False): LaunchConfig(2, 1024, 4, 1),  # [q; k; v]
     (2048, 2048, False): LaunchConfig(2, 1024, 4, 1),  # o
     (5632, 2048, True): LaunchConfig(4, 2048, 4, 3),  # [gate; up]
     (2048, 5632, False): LaunchConfig(4, 2048, 4, 1),  # down
     (32000, 2048, False): LaunchConfig(4, 1024, 4, 3),  # lm head
+    # SmolLM2-135M: narrow matrices want few rows a program (more programs than SMs) and all of K
+    # in one tile; 2.8-3.9 us each in the default shape, 1.4-2.4 us in these
+    (960, 576, False): LaunchConfig(2, 1024, 8, 3),  # [q; k; v]
+    (576, 576, False): LaunchConfig(1, 1024, 4, 1),  # o
+    (1536, 576, True): LaunchConfig(2, 1024, 4, 1),  # [gate; up]
+    (576, 1536, False): LaunchConfig(1, 2048, 8, 3),  # down
+    (49152, 576, False): LaunchConfig(16, 256, 4, 3),  # lm head
 }
 ATTENTION_BLOCK_T = 128
 # The split attention (`attention_decode_split`): positions per tile, and about one range of the
@@ -39,6 +47,40 @@ ATTENTION_KERNELS = {"head": "attention_decode", "split": "attention_decode_spli
 SPLIT_COMBINES = ("last", "kernel")
 
 ROWS_GEMV = LaunchConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # measured at batch 4 on the H200
+BATCHED_KERNELS = ("row", "cuda", "tensor")
+
+
+@dataclass(frozen=True)
+class RowsLaunch:
+    """How one matrix is multiplied into a batch: `kernel` "row" (`_gemv_kernel`, one program per
+    row and weight block), "cuda" (`_gemv_batch_kernel`, each weight block into every row on the
+    CUDA cores, up to `LaunchPolicy.cuda_max_rows` rows) or "tensor" (`_gemv_rows_kernel`); its
+    launch shape (None: the policy's for that kernel); for "tensor", the split-K target (programs,
+    0: no split) and whether the first weight tile is loaded before the wait."""
+
+    kernel: str = "tensor"
+    config: LaunchConfig | None = None
+    target_programs: int = 0
+    prefetch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kernel not in BATCHED_KERNELS:
+            raise ValueError(f"RowsLaunch kernel must be one of {list(BATCHED_KERNELS)}, not {self.kernel!r}")
+
+
+# (N, K, gated, rows) -> launch: TinyLlama-1.1B's matrices at 4 and 16 rows, the fastest of the
+# batched kernels each (`kernel_configs.py --probe-rows 4,16` on an H200, docs/perf/h200/kernels.md
+# § Batches). Narrow matrices leave SMs idle with one tile of 32 rows a program: [q; k; v] and o
+# at 4 rows run faster on the CUDA cores in the one-row kernel's long tiles (9.2 and 5.9 against
+# 10.9 and 8.5 us), down split over K (10.5 against 14.5 us at 4 rows, 10.6 against 14.9 at 16).
+MEASURED_ROWS: dict[tuple[int, int, bool, int], RowsLaunch] = {
+    (2560, 2048, False, 4): RowsLaunch("cuda", LaunchConfig(2, 1024, 4, 1)),
+    (2048, 2048, False, 4): RowsLaunch("cuda", LaunchConfig(2, 1024, 4, 1)),
+    (2048, 5632, False, 4): RowsLaunch("tensor", target_programs=264),
+    (2560, 2048, False, 16): RowsLaunch("tensor", prefetch=True),
+    (2048, 2048, False, 16): RowsLaunch("tensor", target_programs=264),
+    (2048, 5632, False, 16): RowsLaunch("tensor", target_programs=264),
+}
 
 
 @dataclass(frozen=True)
@@ -47,7 +89,9 @@ class LaunchPolicy:
 
     Fewer than `rows_min_batch` rows run one program per output tile per row, with the shape
     `gemv[(n, k, gated)]` (else `default_gemv`); more rows run the tensor-core kernel, which reads
-    each weight tile once for `rows_block_m` rows, with `rows_gemv`.
+    each weight tile once for `rows_block_m` rows, with `rows_gemv`. From `rows_min_batch` rows, a
+    matrix measured at that many rows (`rows`, keyed by (n, k, gated, rows rounded up to a power
+    of two, at most `rows_block_m`)) runs the kernel and launch measured fastest there.
     """
 
     gemv: Mapping[tuple[int, int, bool], LaunchConfig] = field(default_factory=lambda: MappingProxyType(MEASURED_GEMV))
@@ -59,6 +103,8 @@ class LaunchPolicy:
     cuda_max_rows: int = 8
     rows_gemv: LaunchConfig = ROWS_GEMV
     rows_block_m: int = 16
+    rows: Mapping[tuple[int, int, bool, int], RowsLaunch] = field(
+        default_factory=lambda: MappingProxyType(MEASURED_ROWS))
     # the tensor-core kernel cuts K into ranges until its programs number about this many (0: never)
     rows_target_programs: int = 0
     # the tensor-core kernel loads its first weight tile before waiting on the previous kernel
@@ -104,8 +150,9 @@ class LaunchPolicy:
     # how a sampled step ends: "torch", temperature, top-k and top-p with a sort, compiled by
     # inductor (0.089 ms a step on an H100 at vocabulary 32,000: docs/perf/h100/targets.md);
     # "kernel", `sample_step`, one kernel that finds the thresholds by bisection (vocabularies up
-    # to SAMPLE_MAX_VOCAB; larger ones keep the torch step). To be measured before it is the default.
-    sampling: str = "torch"
+    # to SAMPLE_MAX_VOCAB; larger ones keep the torch step): on the H200, TPOT 0.739 against
+    # 0.768 ms with temperature 0.7 and top-p 0.9 (docs/perf/h200/targets-2.md)
+    sampling: str = "kernel"
     # at batch 1, every layer in one persistent kernel (`decode_layers`): about one program per
     # SM (`persistent_per_sm`) alive for the whole step, its phases separated by grid barriers
     # instead of kernel boundaries, so a step is three kernels (layers, LM head, greedy step)
@@ -162,6 +209,24 @@ class LaunchPolicy:
     def gemv_config(self, n: int, k: int, gated: bool) -> LaunchConfig:
         """The launch shape for an [n, k] matrix (n rows per half when gated) at few rows."""
         return self.gemv.get((n, k, gated), self.default_gemv)
+
+    def rows_key(self, n: int, k: int, gated: bool, rows: int) -> tuple[int, int, bool, int]:
+        """The key of `rows` for an [n, k] matrix at that many rows: rows rounded up to a power of
+        two, at most `rows_block_m` (the tensor-core kernel's tile; more rows are more tiles)."""
+        return n, k, gated, min(1 << (rows - 1).bit_length(), self.rows_block_m)
+
+    def rows_launch(self, n: int, k: int, gated: bool, rows: int) -> RowsLaunch:
+        """The kernel and launch shape that multiply an [n, k] matrix into `rows` rows: the measured
+        one (`rows`) where there is one, else the policy's own choice by row count."""
+        if rows >= self.rows_min_batch:
+            measured = self.rows.get(self.rows_key(n, k, gated, rows))
+            if measured is not None and (measured.kernel != "cuda" or rows <= self.cuda_max_rows):
+                return measured
+        if self.batched == "cuda" and 2 <= rows <= self.cuda_max_rows:
+            return RowsLaunch("cuda")
+        if rows < self.rows_min_batch:
+            return RowsLaunch("row", self.gemv_config(n, k, gated))
+        return RowsLaunch("tensor", self.rows_gemv, self.rows_target_programs, self.rows_prefetch)
 
 
 DEFAULT_POLICY = LaunchPolicy()

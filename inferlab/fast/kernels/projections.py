@@ -401,9 +401,10 @@ def gemv(
 ) -> torch.Tensor:
     """Same contract as `inferlab.fast.spec.gemv`: x [M, K], weight [N or 2N, K] -> [M, N].
 
-    Fewer than `policy.rows_min_batch` rows run `_gemv_kernel`, more run `_gemv_rows_kernel`;
-    with `policy.batched == "cuda"`, 2 to `policy.cuda_max_rows` rows run `_gemv_batch_kernel`.
-    `config` overrides the policy's launch shape.
+    The kernel and its launch are `policy.rows_launch`'s: below `policy.rows_min_batch` rows
+    `_gemv_kernel`, from there `_gemv_rows_kernel`; with `policy.batched == "cuda"`, 2 to
+    `policy.cuda_max_rows` rows run `_gemv_batch_kernel`; a matrix measured at that many rows
+    (`policy.rows`) runs the kernel measured fastest. `config` overrides the launch shape.
     """
     M, K = x.shape
     N = weight.shape[0] // 2 if gated else weight.shape[0]
@@ -412,9 +413,10 @@ def gemv(
     pdl = _use_pdl(x.device, pdl)
     operands = (x, weight, x if norm is None else norm, x if residual is None else residual, out, M, eps)
     flags = dict(N=N, K=K, NORM=norm is not None, GATED=gated, RESIDUAL=residual is not None, PDL=pdl)
-    if policy.batched == "cuda" and 2 <= M <= policy.cuda_max_rows:
+    launch = policy.rows_launch(N, K, gated, M)
+    if launch.kernel == "cuda":
         rows = triton.next_power_of_2(M)
-        c = config or batch_config(rows, gated)
+        c = config or launch.config or batch_config(rows, gated)
         _gemv_batch_kernel[(triton.cdiv(N, c.block_n),)](
             *operands, **flags, ROWS=rows, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
             EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, EARLY=policy.early_loads,
@@ -422,24 +424,24 @@ def gemv(
             num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
         )
         return out
-    if M < policy.rows_min_batch:
-        c = config or policy.gemv_config(N, K, gated)
+    if launch.kernel == "row":
+        c = config or launch.config or policy.gemv_config(N, K, gated)
         _gemv_kernel[(M * triton.cdiv(N, c.block_n),)](
             *operands, **flags, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
             EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, EARLY=policy.early_loads,
             num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
         )
         return out
-    c = config or policy.rows_gemv
+    c = config or launch.config or policy.rows_gemv
     n_tiles, m_tiles = triton.cdiv(N, c.block_n), triton.cdiv(M, policy.rows_block_m)
-    split_k = rows_split_k(n_tiles * m_tiles, triton.cdiv(K, c.block_k), policy.rows_target_programs)
+    split_k = rows_split_k(n_tiles * m_tiles, triton.cdiv(K, c.block_k), launch.target_programs)
     part, arrivals = (out, out) if split_k == 1 else _split_k_scratch(x.device, n_tiles * m_tiles, split_k,
                                                                       policy.rows_block_m, c.block_n)
     rms_m = min(policy.rows_block_m, triton.next_power_of_2(M)) if policy.wide_rms else 0  # rows a tile can hold
     _gemv_rows_kernel[(n_tiles, split_k, m_tiles)](
         *operands[:5], part, arrivals, *operands[5:], **flags, BLOCK_M=policy.rows_block_m, BLOCK_N=c.block_n,
         BLOCK_K=c.block_k, EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, SPLIT_K=split_k,
-        FP32=weight.dtype == torch.float32, PREFETCH=policy.rows_prefetch, RMS_M=rms_m,
+        FP32=weight.dtype == torch.float32, PREFETCH=launch.prefetch, RMS_M=rms_m,
         RMS_K=rms_columns(rms_m, K) if rms_m else 0, num_warps=c.num_warps, num_stages=c.num_stages,
         **_launch_options(pdl),
     )
