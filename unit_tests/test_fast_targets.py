@@ -77,6 +77,21 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
     assert check["greedy_token_agreement_fast_vs_eager"] == 1.0 and check["max_abs_logit_err_fast_vs_fp32"] < 1e-3
 
 
+def test_cases_picks_the_cases_by_name_and_a_bad_pattern_is_refused_in_one_line(tmp_path):
+    common = [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--model", "tiny-random",
+              "--small-model", "", "--batch-sizes", "1", "--long-prompt", "24", "--output-length", "2", "--warmup", "0",
+              "--runs", "1"]
+    env = {"PYTHONPATH": str(ROOT), "PATH": ""}
+    bad = subprocess.run([*common, "--cases", "fast ("], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert bad.returncode == 2 and "--cases" in bad.stderr and "Traceback" not in bad.stderr
+    assert not list(tmp_path.iterdir())  # nothing written
+    done = subprocess.run([*common, "--cases", "sampled|^eager"], capture_output=True, text=True, cwd=ROOT, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    saved = json.loads(next(tmp_path.glob("*-targets/targets.json")).read_text())
+    assert set(saved["results"]) == {"eager b1", "fast sampled", "fast sampled torch"}
+
+
 def test_bad_batch_sizes_are_refused_in_one_line(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--batch-sizes", "1,x"],
                           capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=120)

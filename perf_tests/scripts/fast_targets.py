@@ -28,6 +28,7 @@ case's raw runs. Exit 0 when every case ran (targets met or not), 1 when one fai
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -225,7 +226,15 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--device", default="cuda", help="cuda (the real run) or cpu (a smoke test: fp32, no graphs)")
+    parser.add_argument("--cases", default=None, metavar="REGEX",
+                        help="only the cases whose name this regular expression finds, e.g. 'smollm2' (default: all)")
     args = parser.parse_args()
+    try:
+        chosen = re.compile(args.cases or "")
+    except re.error as error:
+        print(f"fast_targets: --cases {args.cases!r} is not a regular expression ({error}), e.g. --cases smollm2",
+              file=sys.stderr)
+        return 2
     try:
         batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     except ValueError:
@@ -247,7 +256,7 @@ def main() -> int:
           f"copy bandwidth {(bandwidth[0] or 0) / 1e9:.0f} GB/s", flush=True)
     small = args.small_model or None
     results, failed, models, engines = {}, {}, {}, {}
-    for case in cases(args.model, small, batch_sizes, args.long_prompt):
+    for case in [c for c in cases(args.model, small, batch_sizes, args.long_prompt) if chosen.search(c.name)]:
         try:
             if case.model not in models:
                 models[case.model] = load_model(case.model, device, dtype)
