@@ -68,18 +68,17 @@ class RowsLaunch:
             raise ValueError(f"RowsLaunch kernel must be one of {list(BATCHED_KERNELS)}, not {self.kernel!r}")
 
 
-# (N, K, gated, rows) -> launch: TinyLlama-1.1B's matrices at 4 and 16 rows, the fastest of the
-# batched kernels each (`kernel_configs.py --probe-rows 4,16` on an H200, docs/perf/h200/kernels.md
-# § Batches). Narrow matrices leave SMs idle with one tile of 32 rows a program: [q; k; v] and o
-# at 4 rows run faster on the CUDA cores in the one-row kernel's long tiles (9.2 and 5.9 against
-# 10.9 and 8.5 us), down split over K (10.5 against 14.5 us at 4 rows, 10.6 against 14.9 at 16).
+# (N, K, gated, rows) -> launch: TinyLlama-1.1B's matrices at 4 rows where another kernel than the
+# tensor-core one was the fastest alone (`kernel_configs.py --probe-rows 4,16` on an H200) and the
+# step with them was faster: TPOT 1.207 against 1.250 ms at batch 4 (docs/perf/h200/targets-2.md).
+# Narrow matrices leave SMs idle with one tile of 32 rows a program: [q; k; v] and o run on the
+# CUDA cores in the one-row kernel's long tiles (9.2 and 5.9 against 10.9 and 8.5 us alone), down
+# split over K (10.5 against 14.5 us). At 16 rows the kernels alone differed as much, the step not
+# (1.422 ms with such launches in one run, 1.419 without in the run before): none are kept there.
 MEASURED_ROWS: dict[tuple[int, int, bool, int], RowsLaunch] = {
     (2560, 2048, False, 4): RowsLaunch("cuda", LaunchConfig(2, 1024, 4, 1)),
     (2048, 2048, False, 4): RowsLaunch("cuda", LaunchConfig(2, 1024, 4, 1)),
     (2048, 5632, False, 4): RowsLaunch("tensor", target_programs=264),
-    (2560, 2048, False, 16): RowsLaunch("tensor", prefetch=True),
-    (2048, 2048, False, 16): RowsLaunch("tensor", target_programs=264),
-    (2048, 5632, False, 16): RowsLaunch("tensor", target_programs=264),
 }
 
 
