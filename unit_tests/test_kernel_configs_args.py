@@ -80,3 +80,21 @@ def test_each_batch_size_is_probed_with_the_kernels_that_can_serve_it(kernel_con
             policy = kernel_configs.rows_policy(2560, 2048, False, rows, launch)
             assert policy.rows_launch(2560, 2048, False, rows) == launch, label
             assert policy.rows_launch(2048, 2048, False, rows) != launch, label
+
+
+def test_each_model_s_measured_launch_shapes_key_exactly_the_matrices_its_decode_step_multiplies(kernel_configs):
+    """`MEASURED_GEMV` is keyed by (N, K, gated) as the engine calls `gemv`: TinyLlama's entries are
+    the five matrices of its config, SmolLM2-135M's the five of its own (hidden 576, 9 heads of 64,
+    3 KV heads, MLP 1536, vocabulary 49,152, as in the embedded GGUF); a key that missed would
+    silently run the default shape."""
+    from transformers import LlamaConfig
+
+    from inferlab.model.registry import TINYLLAMA_CONFIG
+
+    ops = kernel_configs.ops
+    smollm2 = LlamaConfig(hidden_size=576, num_attention_heads=9, num_key_value_heads=3, intermediate_size=1536,
+                          vocab_size=49152, num_hidden_layers=30)
+    for config, measured in ((LlamaConfig(**TINYLLAMA_CONFIG), ops.TINYLLAMA_GEMV), (smollm2, ops.SMOLLM2_GEMV)):
+        keys = {(n, k, kind == "gated") for _, n, k, kind in kernel_configs.decode_matrices(config)}
+        assert keys == set(measured)
+    assert ops.MEASURED_GEMV == {**ops.TINYLLAMA_GEMV, **ops.SMOLLM2_GEMV}

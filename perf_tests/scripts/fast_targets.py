@@ -75,11 +75,6 @@ class Target:
         return f"{self.metric.removesuffix('_ms').upper()} <= {self.bound:g} {unit}"
 
 
-# the launch shapes measured for TinyLlama's matrices only: SmolLM2's in the default shape, as before
-# its own were measured (`MEASURED_GEMV`)
-TINYLLAMA_GEMV = ((2560, 2048, False), (2048, 2048, False), (5632, 2048, True), (2048, 5632, False), (32000, 2048, False))
-
-
 def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prompt: int) -> list[Case]:
     """The reference shape for every engine, then the fast engine's other cases."""
     found = [Case(f"{engine} b1", engine, model) for engine in ("fast", "hf", "hf-static", "eager")]
@@ -95,7 +90,8 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found += [Case("fast sampled", "fast", model, sampling=SAMPLED),
               Case("fast sampled torch", "fast", model, sampling=SAMPLED, launch=(("sampling", "torch"),))]
     if small_model:
-        gemv = tuple((key, config) for key, config in _measured_gemv().items() if key in TINYLLAMA_GEMV)
+        # without SmolLM2's own launch shapes (`SMOLLM2_GEMV`): its matrices in the default shape, as before
+        gemv = tuple(_launch_shapes_without_smollm2())
         found += [Case(f"fast {small_model}", "fast", small_model),
                   Case(f"fast {small_model} early_loads", "fast", small_model, launch=(("early_loads", True),)),
                   Case(f"fast {small_model} default shapes", "fast", small_model, launch=(("gemv", gemv),)),
@@ -104,13 +100,14 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     return found
 
 
-def _measured_gemv() -> dict:
-    """`MEASURED_GEMV`, or nothing where Triton is missing (the engine then runs no kernels)."""
+def _launch_shapes_without_smollm2() -> list:
+    """`MEASURED_GEMV`'s (key, config) pairs but SmolLM2's; none where Triton is missing (the
+    engine then runs no kernels)."""
     try:
-        from inferlab.fast.kernels import MEASURED_GEMV
+        from inferlab.fast.kernels import MEASURED_GEMV, SMOLLM2_GEMV
     except ImportError:
-        return {}
-    return MEASURED_GEMV
+        return []
+    return [(key, config) for key, config in MEASURED_GEMV.items() if key not in SMOLLM2_GEMV]
 
 
 def launch_policy(launch: tuple):

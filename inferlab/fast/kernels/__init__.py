@@ -42,19 +42,21 @@ from inferlab.fast.kernels.attention import (attention_decode, attention_decode_
 from inferlab.fast.kernels.launch import KEPT, kept, pdl_supported
 from inferlab.fast.kernels.policy import (ATTENTION_BLOCK_T, ATTENTION_KERNELS, DEFAULT_GEMV, DEFAULT_POLICY,
                                           GREEDY_BLOCK_V, GREEDY_WARPS, MAX_SPLITS, MEASURED_GEMV, MEASURED_ROWS,
-                                          ROWS_GEMV, SPLIT_BLOCK_T, SPLIT_COMBINES, SPLIT_POLICY, SPLIT_POSITIONS,
-                                          LaunchConfig, LaunchPolicy, RowsLaunch, gemv_config)
+                                          ROWS_GEMV, SMOLLM2_GEMV, SPLIT_BLOCK_T, SPLIT_COMBINES, SPLIT_POLICY,
+                                          SPLIT_POSITIONS, TINYLLAMA_GEMV, LaunchConfig, LaunchPolicy, RowsLaunch,
+                                          gemv_config)
 from inferlab.fast.kernels.persistent import barrier_errors, decode_layers, resident_programs, tile_shape
 from inferlab.fast.kernels.projections import batch_config, gemv, rms_columns, rows_split_k
 from inferlab.fast.kernels.step import SAMPLE_MAX_VOCAB, greedy_step, sample_kernel_fits, sample_step, sample_warps
 
 __all__ = [
     "ATTENTION_BLOCK_T", "ATTENTION_KERNELS", "DEFAULT_GEMV", "DEFAULT_POLICY", "GREEDY_BLOCK_V", "GREEDY_WARPS",
-    "KEPT", "MAX_SPLITS", "MEASURED_GEMV", "MEASURED_ROWS", "ROWS_GEMV", "SAMPLE_MAX_VOCAB", "SPLIT_BLOCK_T", "SPLIT_COMBINES",
-    "SPLIT_POLICY", "SPLIT_POSITIONS", "Kernels", "LaunchConfig", "LaunchPolicy", "RowsLaunch", "attention_decode",
-    "attention_decode_split", "attention_splits", "barrier_errors", "batch_config", "combine_chunk", "decode_layers",
-    "gemv", "gemv_config", "greedy_step", "kept", "pdl_supported", "resident_programs", "rms_columns", "rows_split_k",
-    "sample_kernel_fits", "sample_step", "sample_warps", "tile_shape",
+    "KEPT", "MAX_SPLITS", "MEASURED_GEMV", "MEASURED_ROWS", "ROWS_GEMV", "SAMPLE_MAX_VOCAB", "SMOLLM2_GEMV",
+    "SPLIT_BLOCK_T", "SPLIT_COMBINES", "SPLIT_POLICY", "SPLIT_POSITIONS", "TINYLLAMA_GEMV", "Kernels",
+    "LaunchConfig", "LaunchPolicy", "RowsLaunch", "attention_decode", "attention_decode_split", "attention_splits",
+    "barrier_errors", "batch_config", "combine_chunk", "decode_layers", "gemv", "gemv_config", "greedy_step",
+    "kept", "pdl_supported", "resident_programs", "rms_columns", "rows_split_k", "sample_kernel_fits",
+    "sample_step", "sample_warps", "tile_shape",
 ]
 
 

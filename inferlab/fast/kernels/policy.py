@@ -20,22 +20,25 @@ class LaunchConfig:
 
 
 DEFAULT_GEMV = LaunchConfig(block_n=8, block_k=256, num_warps=4, num_stages=3)
-# (N, K, gated) -> config: the TinyLlama-1.1B and SmolLM2-135M matrices, measured on an H200
-# (docs/perf/h200/kernels.md; SmolLM2's by `kernel_configs.py --model smollm2-135m --early-loads`).
-MEASURED_GEMV: dict[tuple[int, int, bool], LaunchConfig] = {
+# (N, K, gated) -> config: the TinyLlama-1.1B matrices, measured on an H200 (docs/perf/h200/kernels.md).
+TINYLLAMA_GEMV: dict[tuple[int, int, bool], LaunchConfig] = {
     (2560, 2048, False): LaunchConfig(2, 1024, 4, 1),  # [q; k; v]
     (2048, 2048, False): LaunchConfig(2, 1024, 4, 1),  # o
     (5632, 2048, True): LaunchConfig(4, 2048, 4, 3),  # [gate; up]
     (2048, 5632, False): LaunchConfig(4, 2048, 4, 1),  # down
     (32000, 2048, False): LaunchConfig(4, 1024, 4, 3),  # lm head
-    # SmolLM2-135M: narrow matrices want few rows a program (more programs than SMs) and all of K
-    # in one tile; 2.8-3.9 us each in the default shape, 1.4-2.4 us in these
+}
+# SmolLM2-135M's (`kernel_configs.py --model smollm2-135m --early-loads` on an H200): narrow
+# matrices want few rows a program (more programs than SMs) and all of K in one tile; 2.8-3.9 us
+# each in the default shape, 1.4-2.4 us in these
+SMOLLM2_GEMV: dict[tuple[int, int, bool], LaunchConfig] = {
     (960, 576, False): LaunchConfig(2, 1024, 8, 3),  # [q; k; v]
     (576, 576, False): LaunchConfig(1, 1024, 4, 1),  # o
     (1536, 576, True): LaunchConfig(2, 1024, 4, 1),  # [gate; up]
     (576, 1536, False): LaunchConfig(1, 2048, 8, 3),  # down
     (49152, 576, False): LaunchConfig(16, 256, 4, 3),  # lm head
 }
+MEASURED_GEMV: dict[tuple[int, int, bool], LaunchConfig] = {**TINYLLAMA_GEMV, **SMOLLM2_GEMV}
 ATTENTION_BLOCK_T = 128
 # The split attention (`attention_decode_split`): positions per tile, and about one range of the
 # context per SPLIT_POSITIONS cached positions, at most MAX_SPLITS ranges.
