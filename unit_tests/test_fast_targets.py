@@ -34,11 +34,12 @@ def test_the_targets_follow_the_cases_that_run(script):
     made = script.cases("m", "small", [1, 4, 8], 1920)
     assert [case.name for case in made] == [
         "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 early_loads", "fast b4", "fast b8", "fast b4 rows={}",
-        "fast b8 rows={}", "fast prompt 1920", "fast sampled", "fast sampled torch", "fast small",
+        "fast b8 rows={}", "fast b4 rowwise", "fast b8 rowwise", "fast prompt 1920", "fast sampled", "fast sampled torch", "fast small",
         "fast small early_loads", "fast small default shapes", "fast small persistent"]
     launch = {case.name: case.launch for case in made}
     assert launch["fast sampled torch"] == (("sampling", "torch"),) and not launch["fast b1"]
     assert not launch["fast sampled"] and launch["fast b4 rows={}"] == (("rows", ()),)
+    assert launch["fast b8 rowwise"] == (("batched", "rowwise"), ("rows", ()))
     assert launch["fast b1 early_loads"] == launch["fast small early_loads"] == (("early_loads", True),)
     assert launch["fast small persistent"] == (("persistent", True),)
     goals = script.targets([1, 4, 8], 1920, None)
@@ -70,7 +71,8 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
     assert "only shows that every case runs" in done.stdout
     saved = json.loads(next(tmp_path.glob("*-targets/targets.json")).read_text())
     assert set(saved["results"]) == {"fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 early_loads", "fast b2",
-                                     "fast b4", "fast b4 rows={}", "fast prompt 24", "fast sampled", "fast sampled torch"}
+                                     "fast b4", "fast b4 rows={}", "fast b2 rowwise", "fast b4 rowwise", "fast prompt 24",
+                                     "fast sampled", "fast sampled torch"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]
     assert {row["verdict"] for row in saved["verdicts"]} <= {"met", "missed"}
     check = saved["correctness"]["tiny-random"]  # fp32 on the CPU: the fast engine's tokens are the eager loop's

@@ -68,10 +68,11 @@ def test_each_batch_size_is_probed_with_the_kernels_that_can_serve_it(kernel_con
     assert kernel_configs.row_counts("4,16") == [4, 16]
     ops = kernel_configs.ops
     four, sixteen = kernel_configs.rows_variants(4, 2560, 2048, False), kernel_configs.rows_variants(16, 2560, 2048, False)
-    assert list(four)[:6] == ["per-row", "cuda-core", "cuda-core, one-row shape", "tensor", "tensor prefetch",
-                              "tensor split-K 264"]
+    assert list(four)[:7] == ["per-row", "cuda-core", "cuda-core, one-row shape", "rowwise", "tensor",
+                              "tensor prefetch", "tensor split-K 264"]
     assert not any(label.startswith("cuda-core") for label in sixteen)  # beyond the CUDA-core kernel's 8 rows
     assert four["cuda-core, one-row shape"].config == ops.gemv_config(2560, 2048, False)
+    assert four["rowwise"] == ops.RowsLaunch("rowwise") and "rowwise" not in sixteen  # beyond its 8 rows
     assert four["tensor prefetch"].prefetch and four["tensor split-K 264"].target_programs == 264
     assert four["tensor"] == ops.RowsLaunch("tensor") and four["per-row"].kernel == "row"
     # each probe's policy runs its launch at that many rows, for that matrix only

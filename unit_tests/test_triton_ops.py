@@ -152,6 +152,38 @@ def test_the_cuda_core_batch_kernel_computes_the_specified_function(kernels, dty
     assert_same_function(ours, decode_ops.gemv(x, weight, **kwargs))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
+@pytest.mark.parametrize("M", [2, 3, 8])  # 3 rows padded to 4 (the fourth reads row 3, never stored)
+@pytest.mark.parametrize("early", [False, True])
+def test_the_rowwise_batch_kernel_computes_the_specified_function(kernels, dtype, shape, variant, M, early):
+    """`LaunchPolicy(batched="rowwise")`: each weight tile into one row at a time, in the one-row
+    kernel's launch shape (here the policy's default shape: 8 rows x 64, one or two K tiles)."""
+    N = SHAPES[shape][0]
+    x, weight, kwargs = gemv_case(M, shape, variant, dtype)
+    policy = kernels.LaunchPolicy(batched="rowwise", default_gemv=kernels.LaunchConfig(8, 64, 4, 1), early_loads=early)
+    ours = kernels.gemv(x, weight, policy=policy, **kwargs)
+    assert ours.shape == (M, N)
+    assert_same_function(ours, decode_ops.gemv(x, weight, **kwargs))
+
+
+def test_the_rowwise_policy_runs_from_two_rows_to_its_limit(kernels, record_launches):
+    launched = record_launches(("_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel"))
+    weight = draw(16, 64, seed=4, scale=0.1)
+    one_row = kernels.LaunchConfig(8, 64, 4, 1)
+    policy = kernels.LaunchPolicy(batched="rowwise", rowwise_max_rows=4, default_gemv=one_row,
+                                  rows_gemv=kernels.LaunchConfig(16, 64, 4, 1))
+    for M in (1, 2, 4, 5):
+        x = draw(M, 64, seed=M)
+        assert_same_function(kernels.Kernels(pdl=False, policy=policy).gemv(x, weight), decode_ops.gemv(x, weight))
+    assert launched == ["_gemv_kernel", "_gemv_batch_kernel", "_gemv_batch_kernel", "_gemv_rows_kernel"]
+    assert policy.rows_launch(16, 64, False, 4) == kernels.RowsLaunch("rowwise")
+    assert policy.max_rows("rowwise") == 4 and policy.max_rows("tensor") > 1 << 30
+    with pytest.raises(ValueError, match="'rowwise'"):
+        kernels.LaunchPolicy(batched="row-wise")
+
+
 @pytest.mark.parametrize("rows, gated, block_k", [(2, False, 512), (4, True, 128), (8, False, 128), (8, True, 64)])
 def test_the_batch_kernel_keeps_its_products_within_4096_floats(kernels, rows, gated, block_k):
     config = kernels.batch_config(rows, gated)
@@ -575,11 +607,12 @@ def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
     (2, {"attention": "split", "split_combine": "kernel"}), (2, {"head_block_t": 8, "head_range": 8}),
     (2, {"rows_min_batch": 2, "rows_prefetch": True}), (1, {"early_loads": True}),
     (1, {"head_block_t": 8, "head_range": 8, "head_combine": "last"}), (2, {"rows_min_batch": 2, "wide_rms": True}),
-    (2, {"batched": "cuda", "wide_rms": True, "early_loads": True})],
+    (2, {"batched": "cuda", "wide_rms": True, "early_loads": True}), (3, {"batched": "rowwise"}),
+    (4, {"batched": "rowwise", "early_loads": True})],
     ids=[*[f"{name}-{batch}" for batch in (2, 4) for name in ("defaults", "split-attention", "split-k", "cuda-batch",
                                                                "auto-attention")],
          "split-combine-kernel-2", "head-ranges-2", "rows-prefetch-2", "early-loads-1", "head-ranges-last-1",
-         "wide-rms-2", "cuda-batch-early-wide-2"])
+         "wide-rms-2", "cuda-batch-early-wide-2", "rowwise-3", "rowwise-early-4"])
 def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch, policy):
     from inferlab.model.registry import load_model
 

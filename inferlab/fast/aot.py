@@ -108,6 +108,13 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
             cases.append((f"batch {rows} rows {n}x{k}{' early loads' if early else ''}{' wide RMS' if wide else ''}",
                           kernels.projections._gemv_batch_kernel, gemv, flags,
                           dict(num_warps=config.num_warps, num_stages=config.num_stages)))
+    # one row at a time (LaunchPolicy(batched="rowwise")) in the one-row kernel's shapes, at 4 and 8 rows
+    for ((n, k, gated), config), rows in itertools.product(kernels.TINYLLAMA_GEMV.items(), (4, 8)):
+        flags = dict(N=n, K=k, NORM=True, GATED=gated, RESIDUAL=not gated, ROWS=rows, BLOCK_N=config.block_n,
+                     BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=True, PDL=True, EARLY=False, RMS_K=0, ROWWISE=True)
+        cases.append((f"rowwise {rows} rows {n}x{k} tile {config.block_n}x{config.block_k}",
+                      kernels.projections._gemv_batch_kernel, gemv, flags,
+                      dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     for (n, k, gated, rows), launch in kernels.MEASURED_ROWS.items():  # measured per matrix, in their own shapes
         if launch.kernel == "cuda" and launch.config is not None:
             config = launch.config

@@ -8,7 +8,8 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   and eager;
 - the fast engine with `LaunchPolicy(early_loads=True)` at the reference shape;
 - the fast engine at each `--batch-sizes` (from 4 rows also without the batched launches measured
-  per matrix, `LaunchPolicy(rows={})`), at prompt `--long-prompt`, with temperature 0.7 and top-p
+  per matrix, `LaunchPolicy(rows={})`; up to 8 rows also one row at a time,
+  `LaunchPolicy(batched="rowwise", rows={})`), at prompt `--long-prompt`, with temperature 0.7 and top-p
   0.9 sampling (the step ending in the sampling kernel, the default, and in compiled torch ops,
   `LaunchPolicy(sampling="torch")`), and on `--small-model` (the embedded SmolLM2, real weights)
   when it loads, there also with `early_loads`, in the default launch shape instead of its own
@@ -85,6 +86,10 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # (LaunchPolicy(rows={})): the engine before `MEASURED_ROWS`
     found += [Case(f"fast b{b} rows={{}}", "fast", model, batch_size=b, launch=(("rows", ()),))
               for b in batch_sizes if b >= 4]
+    # up to 8 rows, every projection one row at a time in the one-row kernel's launch shape
+    # (LaunchPolicy(batched="rowwise"), without the launches measured per matrix)
+    found += [Case(f"fast b{b} rowwise", "fast", model, batch_size=b, launch=(("batched", "rowwise"), ("rows", ())))
+              for b in batch_sizes if 2 <= b <= 8]
     found.append(Case(f"fast prompt {long_prompt}", "fast", model, prompt_length=long_prompt))
     # the step ending in the sampling kernel (the default) and in compiled torch ops
     found += [Case("fast sampled", "fast", model, sampling=SAMPLED),

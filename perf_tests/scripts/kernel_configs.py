@@ -138,13 +138,16 @@ def probe_shape(name: str, N: int, K: int, kind: str, device, bandwidth: float, 
 def rows_variants(rows: int, N: int, K: int, gated: bool) -> dict[str, ops.RowsLaunch]:
     """The batched projection kernels that can serve `rows` rows of an [N, K] matrix, as launches:
     one program per row; the CUDA-core kernel (up to its row limit) in its own launch shape and in
-    the one-row kernel's (long tiles of few weight rows); the tensor-core kernel as it runs by
+    the one-row kernel's (long tiles of few weight rows), and one row at a time (`rowwise`); the
+    tensor-core kernel as it runs by
     default, with its first tile loaded before the wait, split over K to two programs per SM, and
     in narrower and wider tiles."""
     variants = {"per-row": ops.RowsLaunch("row")}
     if rows <= ops.DEFAULT_POLICY.cuda_max_rows:
         variants["cuda-core"] = ops.RowsLaunch("cuda")
         variants["cuda-core, one-row shape"] = ops.RowsLaunch("cuda", ops.gemv_config(N, K, gated))
+    if rows <= ops.DEFAULT_POLICY.rowwise_max_rows:  # one row at a time, in the one-row kernel's shape
+        variants["rowwise"] = ops.RowsLaunch("rowwise")
     variants.update({"tensor": ops.RowsLaunch("tensor"), "tensor prefetch": ops.RowsLaunch("tensor", prefetch=True),
                      "tensor split-K 264": ops.RowsLaunch("tensor", target_programs=264)})
     for label, config in ROWS_TILES.items():

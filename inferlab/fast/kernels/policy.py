@@ -50,16 +50,18 @@ ATTENTION_KERNELS = {"head": "attention_decode", "split": "attention_decode_spli
 SPLIT_COMBINES = ("last", "kernel")
 
 ROWS_GEMV = LaunchConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # measured at batch 4 on the H200
-BATCHED_KERNELS = ("row", "cuda", "tensor")
+BATCHED_KERNELS = ("row", "cuda", "rowwise", "tensor")
 
 
 @dataclass(frozen=True)
 class RowsLaunch:
     """How one matrix is multiplied into a batch: `kernel` "row" (`_gemv_kernel`, one program per
     row and weight block), "cuda" (`_gemv_batch_kernel`, each weight block into every row on the
-    CUDA cores, up to `LaunchPolicy.cuda_max_rows` rows) or "tensor" (`_gemv_rows_kernel`); its
-    launch shape (None: the policy's for that kernel); for "tensor", the split-K target (programs,
-    0: no split) and whether the first weight tile is loaded before the wait."""
+    CUDA cores, up to `LaunchPolicy.cuda_max_rows` rows), "rowwise" (the same kernel one row at a
+    time, up to `LaunchPolicy.rowwise_max_rows` rows) or "tensor" (`_gemv_rows_kernel`); its
+    launch shape (None: the policy's for that kernel: for "rowwise", the one-row kernel's); for
+    "tensor", the split-K target (programs, 0: no split) and whether the first weight tile is
+    loaded before the wait."""
 
     kernel: str = "tensor"
     config: LaunchConfig | None = None
@@ -100,9 +102,15 @@ class LaunchPolicy:
     default_gemv: LaunchConfig = DEFAULT_GEMV
     rows_min_batch: int = 4
     # "tensor": from rows_min_batch rows, the tensor-core kernel; "cuda": from 2 rows up to
-    # cuda_max_rows, one program per weight block multiplies it into every row on the CUDA cores
+    # cuda_max_rows, one program per weight block multiplies it into every row on the CUDA cores;
+    # "rowwise": from 2 rows up to rowwise_max_rows, the same one row at a time, summing each tile
+    # over K at once, in the one-row kernel's launch shape (its long tiles fit: one row's products
+    # in registers, not all rows'). Built for batches whose projections reach 40-55% of bandwidth
+    # in the tensor-core kernel against ~75% at one row; to be measured.
     batched: str = "tensor"
     cuda_max_rows: int = 8
+    # 8: at 16 rows down's kernel in its one-row shape (4 x 2048) spills (`inferlab.fast.aot`)
+    rowwise_max_rows: int = 8
     rows_gemv: LaunchConfig = ROWS_GEMV
     rows_block_m: int = 16
     rows: Mapping[tuple[int, int, bool, int], RowsLaunch] = field(
@@ -164,8 +172,8 @@ class LaunchPolicy:
     persistent_per_sm: int = 1
 
     def __post_init__(self) -> None:
-        if self.batched not in ("tensor", "cuda"):
-            raise ValueError(f"batched must be 'tensor' or 'cuda', not {self.batched!r}")
+        if self.batched not in ("tensor", "cuda", "rowwise"):
+            raise ValueError(f"batched must be 'tensor', 'cuda' or 'rowwise', not {self.batched!r}")
         if self.split_combine not in SPLIT_COMBINES:
             raise ValueError(f"split_combine must be one of {list(SPLIT_COMBINES)}, not {self.split_combine!r}")
         if self.head_combine not in SPLIT_COMBINES:
@@ -217,15 +225,20 @@ class LaunchPolicy:
         two, at most `rows_block_m` (the tensor-core kernel's tile; more rows are more tiles)."""
         return n, k, gated, min(1 << (rows - 1).bit_length(), self.rows_block_m)
 
+    def max_rows(self, kernel: str) -> int:
+        """The most rows `kernel` (one of BATCHED_KERNELS) takes in one launch: the CUDA-core
+        kernels unroll their rows (`cuda_max_rows`, `rowwise_max_rows`); the others take any."""
+        return {"cuda": self.cuda_max_rows, "rowwise": self.rowwise_max_rows}.get(kernel, 1 << 62)
+
     def rows_launch(self, n: int, k: int, gated: bool, rows: int) -> RowsLaunch:
         """The kernel and launch shape that multiply an [n, k] matrix into `rows` rows: the measured
         one (`rows`) where there is one, else the policy's own choice by row count."""
         if rows >= self.rows_min_batch:
             measured = self.rows.get(self.rows_key(n, k, gated, rows))
-            if measured is not None and (measured.kernel != "cuda" or rows <= self.cuda_max_rows):
+            if measured is not None and rows <= self.max_rows(measured.kernel):
                 return measured
-        if self.batched == "cuda" and 2 <= rows <= self.cuda_max_rows:
-            return RowsLaunch("cuda")
+        if self.batched in ("cuda", "rowwise") and 2 <= rows <= self.max_rows(self.batched):
+            return RowsLaunch(self.batched)
         if rows < self.rows_min_batch:
             return RowsLaunch("row", self.gemv_config(n, k, gated))
         return RowsLaunch("tensor", self.rows_gemv, self.rows_target_programs, self.rows_prefetch)

@@ -4,7 +4,8 @@ SiLU x up or the residual add after it fused in.
 - `_gemv_kernel`: one row (or a few, one program each), BLOCK_N weight rows a program;
 - `_gemv_rows_kernel`: from `LaunchPolicy.rows_min_batch` rows, small matrix products on the
   tensor cores that read each weight tile once for the whole batch (split over K on request);
-- `_gemv_batch_kernel`: 2-8 rows on the CUDA cores (`LaunchPolicy(batched="cuda")`).
+- `_gemv_batch_kernel`: 2-8 rows on the CUDA cores (`LaunchPolicy(batched="cuda")`), or 2-8
+  rows one row at a time in the one-row kernel's long tiles (`LaunchPolicy(batched="rowwise")`).
 
 `gemv` picks one by the policy and the number of rows.
 """
@@ -304,13 +305,35 @@ def rows_split_k(n_tiles: int, k_tiles: int, target_programs: int) -> int:
 
 
 @triton.jit
+def _rowwise_tile(x_ptr, M, norm_ptr, offs_k, scale, w, u, acc, acc_up, K: tl.constexpr, NORM: tl.constexpr,
+                  GATED: tl.constexpr, EVEN_K: tl.constexpr, ROWS: tl.constexpr, dtype):
+    """acc [ROWS, BN] + the weight tile w [BN, BK] (and u, when GATED) times each row's input tile,
+    summed over the tile: one row at a time, so only one row's products are ever held. Rows past
+    M read row M - 1 (their sums are never stored); `scale` [ROWS] holds the rows' RMS scales."""
+    offs_m = tl.arange(0, ROWS)
+    wf = w.to(tl.float32)
+    uf = wf
+    if GATED:
+        uf = u.to(tl.float32)
+    for r in tl.static_range(ROWS):
+        row_scale = tl.sum(tl.where(offs_m == r, scale, 0.0), axis=0)
+        xf = _input_tile(x_ptr + tl.minimum(r, M - 1).to(tl.int64) * K, norm_ptr, offs_k, row_scale, K, NORM, EVEN_K,
+                         dtype)  # [1, BK]
+        here = offs_m[:, None] == r
+        acc = tl.where(here, acc + tl.sum(wf * xf, axis=1)[None, :], acc)
+        if GATED:
+            acc_up = tl.where(here, acc_up + tl.sum(uf * xf, axis=1)[None, :], acc_up)
+    return acc, acc_up
+
+
+@triton.jit
 def _gemv_batch_kernel(
     x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr,
     M, eps,
     N: tl.constexpr, K: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    PDL: tl.constexpr, EARLY: tl.constexpr, RMS_K: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr, RMS_K: tl.constexpr, ROWWISE: tl.constexpr = False,
 ):
     """out[m, n] for every row m < M (M <= ROWS) and BLOCK_N consecutive n, on the CUDA cores.
 
@@ -320,6 +343,10 @@ def _gemv_batch_kernel(
     reads the weights once, with no tensor-core tile of 16 rows to fill. The first weight tile
     is read before waiting on the previous kernel; EARLY loads the residual right after the wait.
     RMS_K > 0 reads the rows' RMS pass in wide tiles (`_rms_scales_wide`) instead of BLOCK_K ones.
+
+    ROWWISE multiplies each weight tile into one row at a time and sums it over K at once
+    (`_rowwise_tile`), keeping [ROWS, BLOCK_N] sums instead of [ROWS, BLOCK_N, BLOCK_K] products:
+    registers for one row's products, so the one-row kernel's long tiles fit at any row count.
     """
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -346,20 +373,37 @@ def _gemv_batch_kernel(
             scale = _rms_scales_wide(x_ptr, 0, M, eps, K, ROWS, ROWS, RMS_K)
         else:
             scale = _rms_scales(x_rows, mask_m, eps, K, ROWS, BLOCK_K)
-    xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype)[:, None, :]  # [ROWS, 1, BK]
-    acc = w.to(tl.float32)[None, :, :] * xv
-    acc_up = acc
-    if GATED:
-        acc_up = u.to(tl.float32)[None, :, :] * xv
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype)[:, None, :]
-        acc += _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32)[None, :, :] * xv
+    if ROWWISE:
+        acc = tl.zeros([ROWS, BLOCK_N], dtype=tl.float32)
+        acc, acc_up = _rowwise_tile(x_ptr, M, norm_ptr, offs_k, scale, w, u, acc, acc, K, NORM, GATED, EVEN_K, ROWS,
+                                    dtype)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            w = _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K)
+            u = w
+            if GATED:
+                u = _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K)
+            acc, acc_up = _rowwise_tile(x_ptr, M, norm_ptr, offs_k, scale, w, u, acc, acc_up, K, NORM, GATED, EVEN_K,
+                                        ROWS, dtype)
+        y = acc.to(dtype)  # [ROWS, BN]
         if GATED:
-            acc_up += _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32)[None, :, :] * xv
-    y = tl.sum(acc, axis=2).to(dtype)  # [ROWS, BN]
-    if GATED:
-        y = _silu_times(y, tl.sum(acc_up, axis=2).to(dtype), dtype)
+            y = _silu_times(y, acc_up.to(dtype), dtype)
+    else:
+        xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype)[:, None, :]  # [ROWS, 1, BK]
+        acc3 = w.to(tl.float32)[None, :, :] * xv
+        acc3_up = acc3
+        if GATED:
+            acc3_up = u.to(tl.float32)[None, :, :] * xv
+        for k0 in range(BLOCK_K, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype)[:, None, :]
+            acc3 += _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32)[None, :, :] * xv
+            if GATED:
+                acc3_up += (_weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32)[None, :, :]
+                            * xv)
+        y = tl.sum(acc3, axis=2).to(dtype)  # [ROWS, BN]
+        if GATED:
+            y = _silu_times(y, tl.sum(acc3_up, axis=2).to(dtype), dtype)
     at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     if RESIDUAL:
@@ -403,7 +447,9 @@ def gemv(
 
     The kernel and its launch are `policy.rows_launch`'s: below `policy.rows_min_batch` rows
     `_gemv_kernel`, from there `_gemv_rows_kernel`; with `policy.batched == "cuda"`, 2 to
-    `policy.cuda_max_rows` rows run `_gemv_batch_kernel`; a matrix measured at that many rows
+    `policy.cuda_max_rows` rows run `_gemv_batch_kernel`, with "rowwise" 2 to
+    `policy.rowwise_max_rows` rows run it one row at a time in the one-row kernel's launch shape
+    (`_rowwise_tile`); a matrix measured at that many rows
     (`policy.rows`) runs the kernel measured fastest. `config` overrides the launch shape.
     """
     M, K = x.shape
@@ -414,13 +460,13 @@ def gemv(
     operands = (x, weight, x if norm is None else norm, x if residual is None else residual, out, M, eps)
     flags = dict(N=N, K=K, NORM=norm is not None, GATED=gated, RESIDUAL=residual is not None, PDL=pdl)
     launch = policy.rows_launch(N, K, gated, M)
-    if launch.kernel == "cuda":
-        rows = triton.next_power_of_2(M)
-        c = config or launch.config or batch_config(rows, gated)
+    if launch.kernel in ("cuda", "rowwise"):
+        rows, rowwise = triton.next_power_of_2(M), launch.kernel == "rowwise"
+        c = config or launch.config or (policy.gemv_config(N, K, gated) if rowwise else batch_config(rows, gated))
         _gemv_batch_kernel[(triton.cdiv(N, c.block_n),)](
             *operands, **flags, ROWS=rows, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
             EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, EARLY=policy.early_loads,
-            RMS_K=rms_columns(rows, K) if policy.wide_rms else 0,
+            RMS_K=rms_columns(rows, K) if policy.wide_rms else 0, ROWWISE=rowwise,
             num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
         )
         return out
