@@ -75,8 +75,9 @@ def test_each_batch_size_is_probed_with_the_kernels_that_can_serve_it(kernel_con
     assert four["rowwise"] == ops.RowsLaunch("rowwise") and "rowwise" not in sixteen  # beyond its 8 rows
     assert four["tensor prefetch"].prefetch and four["tensor split-K 264"].target_programs == 264
     assert four["tensor"] == ops.RowsLaunch("tensor") and four["per-row"].kernel == "row"
-    # each probe's policy runs its launch at that many rows, for that matrix only
-    for rows, variants in ((4, four), (16, sixteen)):
+    # each probe's policy runs its launch at that many rows, for that matrix only, from 2 rows
+    two = kernel_configs.rows_variants(2, 2560, 2048, False)
+    for rows, variants in ((2, two), (4, four), (16, sixteen)):
         for label, launch in variants.items():
             policy = kernel_configs.rows_policy(2560, 2048, False, rows, launch)
             assert policy.rows_launch(2560, 2048, False, rows) == launch, label

@@ -9,11 +9,11 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
 - the fast engine with `LaunchPolicy(early_loads=True)` at the reference shape;
 - the fast engine at each `--batch-sizes` (from 4 rows also without the batched launches measured
   per matrix, `LaunchPolicy(rows={})`; up to 8 rows also one row at a time,
-  `LaunchPolicy(batched="rowwise", rows={})`), at prompt `--long-prompt`, with temperature 0.7 and top-p
-  0.9 sampling (the step ending in the sampling kernel, the default, and in compiled torch ops,
-  `LaunchPolicy(sampling="torch")`), and on `--small-model` (the embedded SmolLM2, real weights)
-  when it loads, there also with `early_loads`, in the default launch shape instead of its own
-  measured ones, and with `persistent` (every layer in one kernel).
+  `LaunchPolicy(batched="rowwise", rows={})`), at prompt `--long-prompt`, with temperature 0.7
+  and top-p 0.9 sampling (the step ending in the sampling kernel, the default, and in compiled
+  torch ops, `LaunchPolicy(sampling="torch")`), and on `--small-model` (the embedded SmolLM2,
+  real weights) when it loads, there also with `early_loads`, in the default launch shape instead
+  of its own measured ones, and with `persistent` (every layer in one kernel).
 
 Designs measured and left off by default are recorded with the run that measured them in
 docs/perf/h200/targets-2.md (the CUDA-core batch kernel, wide RMS tiles, the ranges merged by the

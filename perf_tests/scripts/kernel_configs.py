@@ -139,9 +139,8 @@ def rows_variants(rows: int, N: int, K: int, gated: bool) -> dict[str, ops.RowsL
     """The batched projection kernels that can serve `rows` rows of an [N, K] matrix, as launches:
     one program per row; the CUDA-core kernel (up to its row limit) in its own launch shape and in
     the one-row kernel's (long tiles of few weight rows), and one row at a time (`rowwise`); the
-    tensor-core kernel as it runs by
-    default, with its first tile loaded before the wait, split over K to two programs per SM, and
-    in narrower and wider tiles."""
+    tensor-core kernel as it runs by default, with its first tile loaded before the wait, split
+    over K to two programs per SM, and in narrower and wider tiles."""
     variants = {"per-row": ops.RowsLaunch("row")}
     if rows <= ops.DEFAULT_POLICY.cuda_max_rows:
         variants["cuda-core"] = ops.RowsLaunch("cuda")
@@ -162,9 +161,9 @@ ROWS_TILES = {"n16": ops.LaunchConfig(16, 256, 4, 4), "n64 k128": ops.LaunchConf
 
 def rows_policy(N: int, K: int, gated: bool, rows: int, launch: ops.RowsLaunch) -> ops.LaunchPolicy:
     """The default policy with `launch` measured for this matrix at `rows` rows, and nothing else
-    in its table: the policy that runs `launch` there."""
+    in its table, consulted from 2 rows: the policy that runs `launch` there."""
     key = ops.DEFAULT_POLICY.rows_key(N, K, gated, rows)
-    return replace(ops.DEFAULT_POLICY, rows=MappingProxyType({key: launch}))
+    return replace(ops.DEFAULT_POLICY, rows_min_batch=2, rows=MappingProxyType({key: launch}))
 
 
 def probe_rows(name: str, N: int, K: int, kind: str, rows: int, device, bandwidth: float, pdl: bool) -> dict:
@@ -179,7 +178,8 @@ def probe_rows(name: str, N: int, K: int, kind: str, rows: int, device, bandwidt
     kwargs = kwargs_for(kind, x, N)
     expected = decode_ops.gemv(x, weights[0], **kwargs).float()
     results = {}
-    for label, launch in rows_variants(rows, N, K, gated).items():
+    variants = rows_variants(rows, N, K, gated)
+    for label, launch in variants.items():
         policy = rows_policy(N, K, gated, rows, launch)
         try:
             got = ops.gemv(x, weights[0], policy=policy, pdl=pdl, **kwargs).float()
@@ -196,7 +196,7 @@ def probe_rows(name: str, N: int, K: int, kind: str, rows: int, device, bandwidt
     if results:
         best = min(results, key=lambda label: results[label]["us"])
         print(f"  fastest: {best} {results[best]['us']:.2f} us ({N}, {K}, {gated}, {rows}): "
-              f"{rows_variants(rows, N, K, gated)[best]}", flush=True)
+              f"{variants[best]}", flush=True)
     del weights
     torch.cuda.empty_cache()
     return {"name": name, "N": N, "K": K, "kind": kind, "rows": rows, "weight_bytes": weight_bytes, "pdl": pdl,

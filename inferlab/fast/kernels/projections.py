@@ -390,20 +390,19 @@ def _gemv_batch_kernel(
             y = _silu_times(y, acc_up.to(dtype), dtype)
     else:
         xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype)[:, None, :]  # [ROWS, 1, BK]
-        acc3 = w.to(tl.float32)[None, :, :] * xv
-        acc3_up = acc3
+        acc = w.to(tl.float32)[None, :, :] * xv
+        acc_up = acc
         if GATED:
-            acc3_up = u.to(tl.float32)[None, :, :] * xv
+            acc_up = u.to(tl.float32)[None, :, :] * xv
         for k0 in range(BLOCK_K, K, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             xv = _input_rows(x_rows, mask_m, norm_ptr, offs_k, scale, K, NORM, dtype)[:, None, :]
-            acc3 += _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32)[None, :, :] * xv
+            acc += _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32)[None, :, :] * xv
             if GATED:
-                acc3_up += (_weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32)[None, :, :]
-                            * xv)
-        y = tl.sum(acc3, axis=2).to(dtype)  # [ROWS, BN]
+                acc_up += _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32)[None, :, :] * xv
+        y = tl.sum(acc, axis=2).to(dtype)  # [ROWS, BN]
         if GATED:
-            y = _silu_times(y, tl.sum(acc3_up, axis=2).to(dtype), dtype)
+            y = _silu_times(y, tl.sum(acc_up, axis=2).to(dtype), dtype)
     at = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     mask = mask_m[:, None] & mask_n[None, :]
     if RESIDUAL:
@@ -449,8 +448,8 @@ def gemv(
     `_gemv_kernel`, from there `_gemv_rows_kernel`; with `policy.batched == "cuda"`, 2 to
     `policy.cuda_max_rows` rows run `_gemv_batch_kernel`, with "rowwise" 2 to
     `policy.rowwise_max_rows` rows run it one row at a time in the one-row kernel's launch shape
-    (`_rowwise_tile`); a matrix measured at that many rows
-    (`policy.rows`) runs the kernel measured fastest. `config` overrides the launch shape.
+    (`_rowwise_tile`); a matrix measured at that many rows (`policy.rows`) runs the kernel
+    measured fastest. `config` overrides the launch shape.
     """
     M, K = x.shape
     N = weight.shape[0] // 2 if gated else weight.shape[0]
