@@ -36,6 +36,21 @@ def test_logits_equal_transformers_at_prefill_and_every_cached_step(tiny, prefil
         ids = torch.cat([ids, theirs.argmax(-1, keepdim=True)], dim=1)
 
 
+@torch.inference_mode()
+def test_the_prefill_writes_the_same_cache_by_slice_as_by_index(tiny):
+    prompt = prompt_of(tiny.model, 7, batch=2)
+    results = []
+    for slice_write in (False, True):
+        net = FastLlama(tiny.model, slice_write=slice_write)
+        cache = net.new_cache(2, 16)
+        cache.k.fill_(3.0), cache.v.fill_(3.0)  # what the prefill must leave alone past its positions
+        logits = net(prompt.input_ids, torch.arange(7), cache, fresh=True)
+        results.append((logits, cache.k, cache.v))
+    for ours, theirs in zip(*results):
+        assert torch.equal(ours, theirs)
+    assert bool((results[1][1][:, :, :, 7:] == 3.0).all()) and not bool((results[1][1][:, :, :, :7] == 3.0).any())
+
+
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_tokens_equal_the_eager_loop(tiny, batch):
     prompt = prompt_of(tiny.model, 9, batch)
@@ -205,6 +220,8 @@ def test_an_unknown_prefill_attention_or_compile_is_refused_with_the_choices():
         FastOptions(prefill_attention="sdpa")
     with pytest.raises(UsageError, match="'layer' or 'model'"):
         FastOptions(prefill_compile="graph")
+    with pytest.raises(UsageError, match="'slice' or 'index'"):
+        FastOptions(prefill_cache_write="scatter")
 
 
 def test_padded_prompts_and_cpu_graphs_are_refused_with_a_reason(tiny):

@@ -33,14 +33,13 @@ def test_absolute_and_relative_targets_are_judged_on_the_p50_and_a_missing_case_
 def test_the_targets_follow_the_cases_that_run(script):
     made = script.cases("m", "small", [1, 4, 8], 1920)
     assert [case.name for case in made] == [
-        "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 early_loads", "fast b4", "fast b8", "fast b4 rows={}",
-        "fast b8 rows={}", "fast b4 rowwise", "fast b8 rowwise", "fast prompt 1920", "fast sampled", "fast sampled torch", "fast small",
-        "fast small early_loads", "fast small default shapes", "fast small persistent"]
+        "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b4", "fast b8", "fast b4 rows={}",
+        "fast b8 rows={}", "fast b8 rows candidates", "fast prompt 1920", "fast sampled", "fast sampled torch", "fast small",
+        "fast small no early_loads", "fast small default shapes", "fast small persistent"]
     launch = {case.name: case.launch for case in made}
     assert launch["fast sampled torch"] == (("sampling", "torch"),) and not launch["fast b1"]
     assert not launch["fast sampled"] and launch["fast b4 rows={}"] == (("rows", ()),)
-    assert launch["fast b8 rowwise"] == (("batched", "rowwise"), ("rows", ()))
-    assert launch["fast b1 early_loads"] == launch["fast small early_loads"] == (("early_loads", True),)
+    assert launch["fast b1 no early_loads"] == launch["fast small no early_loads"] == (("early_loads", False),)
     assert launch["fast small persistent"] == (("persistent", True),)
     goals = script.targets([1, 4, 8], 1920, None)
     assert {goal.case for goal in goals} == {"fast b1", "fast b4", "fast b8", "fast prompt 1920", "fast sampled"}
@@ -59,7 +58,11 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert default_shapes.gemv_config(960, 576, False) == kernels.DEFAULT_GEMV != kernels.gemv_config(960, 576, False)
     assert default_shapes.gemv_config(2560, 2048, False) == kernels.gemv_config(2560, 2048, False)
     assert script.launch_policy(made["fast sampled torch"].launch).sampling == "torch"
-    assert kernels.DEFAULT_POLICY.sampling == "kernel"
+    assert kernels.DEFAULT_POLICY.sampling == "kernel" and kernels.DEFAULT_POLICY.early_loads
+    candidates = script.launch_policy(dict(made | {c.name: c for c in script.cases("m", None, [8], 1920)})["fast b8 rows candidates"].launch)
+    assert candidates.rows_launch(2048, 5632, False, 8) == kernels.RowsLaunch("tensor", target_programs=264)
+    assert candidates.rows_launch(2560, 2048, False, 16).prefetch and not candidates.rows_launch(11264 // 2, 2048, True, 8).prefetch
+    assert candidates.rows_launch(2048, 2048, False, 4) == kernels.DEFAULT_POLICY.rows_launch(2048, 2048, False, 4)
 
 
 def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
@@ -70,8 +73,8 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "only shows that every case runs" in done.stdout
     saved = json.loads(next(tmp_path.glob("*-targets/targets.json")).read_text())
-    assert set(saved["results"]) == {"fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 early_loads", "fast b2",
-                                     "fast b4", "fast b4 rows={}", "fast b2 rowwise", "fast b4 rowwise", "fast prompt 24",
+    assert set(saved["results"]) == {"fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b2",
+                                     "fast b4", "fast b4 rows={}", "fast prompt 24",
                                      "fast sampled", "fast sampled torch"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]
     assert {row["verdict"] for row in saved["verdicts"]} <= {"met", "missed"}

@@ -49,7 +49,8 @@ def teacher_forced_check(loaded, prompt: Prompt, new_tokens: int, fast_engine) -
     # Triton kernels as the engine's (or the torch step, uncompiled, when the engine compiles it).
     kernels = fast_engine.kernels  # the engine's own kernels and launch policy; None for the torch step
     net = FastLlama(loaded.model, sdpa=fast_engine.options.sdpa,
-                    prefill_flash=fast_engine.options.prefill_attention == "flash")
+                    prefill_flash=fast_engine.options.prefill_attention == "flash",
+                    slice_write=fast_engine.options.prefill_cache_write == "slice")
     cache = net.new_cache(prompt.batch_size, prompt.length + new_tokens)
     fast_logits = []
     with torch.inference_mode():

@@ -72,6 +72,9 @@ class FastOptions:
     `prefill_compile`: "layer" compiles one decoder layer and calls it per layer (a compile of one
     layer's size); "model" compiles the whole prefill as one graph (every layer unrolled, so
     inductor may fuse across layer boundaries, for a longer compile). Both with dynamic shapes.
+    `prefill_cache_write`: how the prefill stores the prompt's keys and values in the static cache:
+    "slice" copies them into its first S positions (a prefill starts at position 0); "index"
+    scatters them with `index_copy_` at their positions, as a decode step does.
     """
 
     compile: bool | None = None
@@ -83,6 +86,7 @@ class FastOptions:
     sdpa: bool = False
     prefill_attention: str = "flash"
     prefill_compile: str = "layer"
+    prefill_cache_write: str = "index"
     launch: object | None = None  # a `kernels.LaunchPolicy` for the Triton kernels; None: the measured default
     dynamic_prefill: bool = True  # one prefill compile for every prompt and cache length
 
@@ -91,6 +95,8 @@ class FastOptions:
             raise UsageError(f"prefill_attention must be 'flash' or 'matmul', not {self.prefill_attention!r}")
         if self.prefill_compile not in ("layer", "model"):
             raise UsageError(f"prefill_compile must be 'layer' or 'model', not {self.prefill_compile!r}")
+        if self.prefill_cache_write not in ("slice", "index"):
+            raise UsageError(f"prefill_cache_write must be 'slice' or 'index', not {self.prefill_cache_write!r}")
 
     def resolved(self, device: torch.device) -> "FastOptions":
         cuda = device.type == "cuda"
@@ -216,10 +222,10 @@ class LayerStep(nn.Module):
     """
 
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, sdpa: bool,
-                 prefill_flash: bool = True) -> None:
+                 prefill_flash: bool = True, slice_write: bool = False) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim, self.eps, self.sdpa = num_heads, num_kv_heads, head_dim, eps, sdpa
-        self.prefill_flash = prefill_flash
+        self.prefill_flash, self.slice_write = prefill_flash, slice_write
 
     def forward(self, x, weights, k_cache, v_cache, cos, sin, positions, fresh: bool) -> torch.Tensor:
         """x [B, S, H] at positions [S] -> [B, S, H]; writes this layer's K/V [B, kvh, T, hd] at those positions.
@@ -244,8 +250,12 @@ class LayerStep(nn.Module):
         cos, sin = cos[positions], sin[positions]  # [S, hd]
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        k_cache.index_copy_(2, positions, k)
-        v_cache.index_copy_(2, positions, v)
+        if fresh and self.slice_write:  # positions 0..S-1: a copy into the cache's first S positions
+            k_cache[:, :, :S].copy_(k)
+            v_cache[:, :, :S].copy_(v)
+        else:
+            k_cache.index_copy_(2, positions, k)
+            v_cache.index_copy_(2, positions, v)
         if fresh and self.prefill_flash:  # one fused causal kernel; the query heads of a group share K/V
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=hd**-0.5, enable_gqa=True)
             return F.linear(out.transpose(1, 2).reshape(B, S, nh * hd), wo)
@@ -270,7 +280,8 @@ class LayerStep(nn.Module):
 class FastLlama(nn.Module):
     """A Llama forward pass over a static KV cache: tokens [B, S] at positions [S] -> logits [B, 1, V]."""
 
-    def __init__(self, hf_model, sdpa: bool = False, prefill_flash: bool = True, stacked: bool = False) -> None:
+    def __init__(self, hf_model, sdpa: bool = False, prefill_flash: bool = True, stacked: bool = False,
+                 slice_write: bool = False) -> None:
         super().__init__()
         check_supported(hf_model)
         config = hf_model.config
@@ -278,7 +289,7 @@ class FastLlama(nn.Module):
         self.num_kv_heads = dims.kv_heads(config)
         self.head_dim = dims.head_dim(config)
         self.eps = config.rms_norm_eps
-        self.step = LayerStep(self.num_heads, self.num_kv_heads, self.head_dim, self.eps, sdpa, prefill_flash)
+        self.step = LayerStep(self.num_heads, self.num_kv_heads, self.head_dim, self.eps, sdpa, prefill_flash, slice_write)
         self.layers = nn.ModuleList(FastLayer(layer) for layer in hf_model.model.layers)
         # `stacked`: each kind of weight as one [L, ...] tensor, for the kernel that runs every layer
         self.stacks = stack_layers(self.layers) if stacked else None
@@ -415,6 +426,7 @@ class FastEngine:
             launch = self.options.launch
             self.net = FastLlama(self.hf_model, sdpa=self.options.sdpa,
                                  prefill_flash=self.options.prefill_attention == "flash",
+                                 slice_write=self.options.prefill_cache_write == "slice",
                                  stacked=self.options.triton and launch is not None and launch.persistent)
         positions = cache_length(S + N, getattr(self.hf_model.config, "max_position_embeddings", None))
         self.cache = self.net.new_cache(B, positions)

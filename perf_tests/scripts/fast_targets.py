@@ -6,18 +6,19 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
 
 - the reference shape (`--model`, batch 1, prompt 128, 128 new tokens) for fast, hf, hf-static
   and eager;
-- the fast engine with `LaunchPolicy(early_loads=True)` at the reference shape;
+- the fast engine without early loads (`LaunchPolicy(early_loads=False)`) at the reference shape;
 - the fast engine at each `--batch-sizes` (from 4 rows also without the batched launches measured
-  per matrix, `LaunchPolicy(rows={})`; up to 8 rows also one row at a time,
-  `LaunchPolicy(batched="rowwise", rows={})`), at prompt `--long-prompt`, with temperature 0.7
-  and top-p 0.9 sampling (the step ending in the sampling kernel, the default, and in compiled
-  torch ops, `LaunchPolicy(sampling="torch")`), and on `--small-model` (the embedded SmolLM2,
-  real weights) when it loads, there also with `early_loads`, in the default launch shape instead
-  of its own measured ones, and with `persistent` (every layer in one kernel).
+  per matrix, `LaunchPolicy(rows={})`; from 8 rows also with the candidates measured fastest alone
+  at 8 and 16 rows, `rows_candidates`), at prompt `--long-prompt`, with temperature 0.7 and top-p
+  0.9 sampling (the step ending in the sampling kernel, the default, and in compiled torch ops,
+  `LaunchPolicy(sampling="torch")`), and on `--small-model` (the embedded SmolLM2, real weights)
+  when it loads, there also without early loads, in the default launch shape instead of its own
+  measured ones, and with `persistent` (every layer in one kernel).
 
 Designs measured and left off by default are recorded with the run that measured them in
-docs/perf/h200/targets-2.md (the CUDA-core batch kernel, wide RMS tiles, the ranges merged by the
-last, the persistent kernel at TinyLlama's size).
+docs/perf/h200/targets-2.md and targets-3.md (the CUDA-core batch kernel, one row at a time or all
+rows at once, wide RMS tiles, the ranges merged by the last, the persistent kernel at TinyLlama's
+size).
 
 Then, per model, the correctness of the default fast engine (`teacher_forced_check`): its greedy
 tokens against the eager loop's, and both one's logit error against an fp32 reference on the
@@ -79,17 +80,16 @@ class Target:
 def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prompt: int) -> list[Case]:
     """The reference shape for every engine, then the fast engine's other cases."""
     found = [Case(f"{engine} b1", engine, model) for engine in ("fast", "hf", "hf-static", "eager")]
-    # the one-row kernel with its loads that wait on no reduction issued at once (LaunchPolicy(early_loads=True))
-    found.append(Case("fast b1 early_loads", "fast", model, launch=(("early_loads", True),)))
+    # the one-row kernel's loads issued after the reductions they do not wait on, as before early loads
+    found.append(Case("fast b1 no early_loads", "fast", model, launch=(("early_loads", False),)))
     found += [Case(f"fast b{b}", "fast", model, batch_size=b) for b in batch_sizes if b != 1]
     # every matrix in the policy-wide batched kernel, without the launches measured per matrix
     # (LaunchPolicy(rows={})): the engine before `MEASURED_ROWS`
     found += [Case(f"fast b{b} rows={{}}", "fast", model, batch_size=b, launch=(("rows", ()),))
               for b in batch_sizes if b >= 4]
-    # up to 8 rows, every projection one row at a time in the one-row kernel's launch shape
-    # (LaunchPolicy(batched="rowwise"), without the launches measured per matrix)
-    found += [Case(f"fast b{b} rowwise", "fast", model, batch_size=b, launch=(("batched", "rowwise"), ("rows", ())))
-              for b in batch_sizes if 2 <= b <= 8]
+    # from 8 rows, the launches measured fastest alone at 8 and 16 rows added to the measured ones
+    found += [Case(f"fast b{b} rows candidates", "fast", model, batch_size=b, launch=(("rows", rows_candidates()),))
+              for b in batch_sizes if b >= 8]
     found.append(Case(f"fast prompt {long_prompt}", "fast", model, prompt_length=long_prompt))
     # the step ending in the sampling kernel (the default) and in compiled torch ops
     found += [Case("fast sampled", "fast", model, sampling=SAMPLED),
@@ -98,7 +98,7 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
         # without SmolLM2's own launch shapes (`SMOLLM2_GEMV`): its matrices in the default shape, as before
         gemv = tuple(_launch_shapes_without_smollm2())
         found += [Case(f"fast {small_model}", "fast", small_model),
-                  Case(f"fast {small_model} early_loads", "fast", small_model, launch=(("early_loads", True),)),
+                  Case(f"fast {small_model} no early_loads", "fast", small_model, launch=(("early_loads", False),)),
                   Case(f"fast {small_model} default shapes", "fast", small_model, launch=(("gemv", gemv),)),
                   # every layer in one persistent kernel, grid barriers between its phases
                   Case(f"fast {small_model} persistent", "fast", small_model, launch=(("persistent", True),))]
@@ -113,6 +113,24 @@ def _launch_shapes_without_smollm2() -> list:
     except ImportError:
         return []
     return [(key, config) for key, config in MEASURED_GEMV.items() if key not in SMOLLM2_GEMV]
+
+
+def rows_candidates() -> tuple:
+    """`MEASURED_ROWS` with the launches that `kernel_configs.py --probe-rows 8,4,16` found fastest
+    alone at 8 and 16 rows for TinyLlama's narrow matrices (an H100, 2026-12-06: down split over K,
+    11.99 against 14.67 us at 8 rows; o in tiles of 16 rows split over K, 6.79 against 8.56; [q; k; v]
+    with its first tile loaded before the wait, 10.86 against 11.16), as (key, launch) pairs; none
+    where Triton is missing."""
+    try:
+        from inferlab.fast.kernels import MEASURED_ROWS, LaunchConfig, RowsLaunch
+    except ImportError:
+        return ()
+    found = dict(MEASURED_ROWS)
+    for rows in (8, 16):
+        found[(2048, 5632, False, rows)] = RowsLaunch("tensor", target_programs=264)
+        found[(2048, 2048, False, rows)] = RowsLaunch("tensor", LaunchConfig(16, 256, 4, 4), target_programs=264)
+        found[(2560, 2048, False, rows)] = RowsLaunch("tensor", prefetch=True)
+    return tuple(found.items())
 
 
 def launch_policy(launch: tuple):

@@ -106,7 +106,8 @@ class LaunchPolicy:
     # "rowwise": from 2 rows up to rowwise_max_rows, the same one row at a time, summing each tile
     # over K at once, in the one-row kernel's launch shape (its long tiles fit: one row's products
     # in registers, not all rows'). Built for batches whose projections reach 40-55% of bandwidth
-    # in the tensor-core kernel against ~75% at one row; to be measured.
+    # in the tensor-core kernel against ~75% at one row; measured, it loses: on an H100 TPOT 1.457
+    # against 1.318 ms at batch 4, 2.660 against 1.435 at batch 8 (docs/perf/h200/targets-3.md).
     batched: str = "tensor"
     cuda_max_rows: int = 8
     # 8: at 16 rows down's kernel in its one-row shape (4 x 2048) spills (`inferlab.fast.aot`)
@@ -128,9 +129,10 @@ class LaunchPolicy:
     # reduction at once (the residual beside the input; in the one-row kernel where K fits one
     # tile, also the norm weight before the wait and the input read once for its norm and its
     # products): one or two round trips to memory fewer per kernel (the kernels' EARLY). Not the
-    # tensor-core kernel: a residual tile held across its loop spills. To be measured before it is
-    # the default.
-    early_loads: bool = False
+    # tensor-core kernel: a residual tile held across its loop spills. TPOT against without: on the
+    # H200 TinyLlama b1 0.666 against 0.681 ms (two runs); on an H100 TinyLlama b1 0.817 against
+    # 0.826 ms, SmolLM2 in its own launch shapes 0.334 against 0.359 ms (docs/perf/h200/targets-3.md)
+    early_loads: bool = True
     # "head": one program per query head (`attention_decode`); "split": one per KV head and range
     # of the context, combined in the kernel (`attention_decode_split`), with these tiles and ranges;
     # "auto": "split" for a cache of at least `split_min_cache` positions, else "head"
