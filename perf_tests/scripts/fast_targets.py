@@ -16,7 +16,7 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   measured ones, and with `persistent` (every layer in one kernel).
 
 Designs measured and left off by default are recorded with the run that measured them in
-docs/perf/h200/targets-2.md and targets-3.md (the CUDA-core batch kernel, one row at a time or all
+docs/perf/h200/targets-2.md and docs/perf/h100/targets-3.md (the CUDA-core batch kernel, one row at a time or all
 rows at once, wide RMS tiles, the ranges merged by the last, the persistent kernel at TinyLlama's
 size).
 

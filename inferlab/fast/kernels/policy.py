@@ -107,7 +107,7 @@ class LaunchPolicy:
     # over K at once, in the one-row kernel's launch shape (its long tiles fit: one row's products
     # in registers, not all rows'). Built for batches whose projections reach 40-55% of bandwidth
     # in the tensor-core kernel against ~75% at one row; measured, it loses: on an H100 TPOT 1.457
-    # against 1.318 ms at batch 4, 2.660 against 1.435 at batch 8 (docs/perf/h200/targets-3.md).
+    # against 1.318 ms at batch 4, 2.660 against 1.435 at batch 8 (docs/perf/h100/targets-3.md).
     batched: str = "tensor"
     cuda_max_rows: int = 8
     # 8: at 16 rows down's kernel in its one-row shape (4 x 2048) spills (`inferlab.fast.aot`)
@@ -131,7 +131,7 @@ class LaunchPolicy:
     # products): one or two round trips to memory fewer per kernel (the kernels' EARLY). Not the
     # tensor-core kernel: a residual tile held across its loop spills. TPOT against without: on the
     # H200 TinyLlama b1 0.666 against 0.681 ms (two runs); on an H100 TinyLlama b1 0.817 against
-    # 0.826 ms, SmolLM2 in its own launch shapes 0.334 against 0.359 ms (docs/perf/h200/targets-3.md)
+    # 0.826 ms, SmolLM2 in its own launch shapes 0.334 against 0.359 ms (docs/perf/h100/targets-3.md)
     early_loads: bool = True
     # "head": one program per query head (`attention_decode`); "split": one per KV head and range
     # of the context, combined in the kernel (`attention_decode_split`), with these tiles and ranges;
