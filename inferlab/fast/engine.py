@@ -75,6 +75,10 @@ class FastOptions:
     `prefill_cache_write`: how the prefill stores the prompt's keys and values in the static cache:
     "slice" copies them into its first S positions (a prefill starts at position 0); "index"
     scatters them with `index_copy_` at their positions, as a decode step does.
+    `prefill_head`: with the Triton kernels and greedy decoding, "kernels" ends the prefill as a
+    decode step ends: the LM head's kernel (the final norm fused) and the greedy step kernel
+    (argmax, the next embedding, the token stored, the position advanced); "torch" runs the norm,
+    the LM head, the argmax and the bookkeeping as torch operations.
     """
 
     compile: bool | None = None
@@ -87,6 +91,7 @@ class FastOptions:
     prefill_attention: str = "flash"
     prefill_compile: str = "layer"
     prefill_cache_write: str = "index"
+    prefill_head: str = "torch"
     launch: object | None = None  # a `kernels.LaunchPolicy` for the Triton kernels; None: the measured default
     dynamic_prefill: bool = True  # one prefill compile for every prompt and cache length
 
@@ -97,6 +102,8 @@ class FastOptions:
             raise UsageError(f"prefill_compile must be 'layer' or 'model', not {self.prefill_compile!r}")
         if self.prefill_cache_write not in ("slice", "index"):
             raise UsageError(f"prefill_cache_write must be 'slice' or 'index', not {self.prefill_cache_write!r}")
+        if self.prefill_head not in ("kernels", "torch"):
+            raise UsageError(f"prefill_head must be 'kernels' or 'torch', not {self.prefill_head!r}")
 
     def resolved(self, device: torch.device) -> "FastOptions":
         cuda = device.type == "cuda"
@@ -334,16 +341,19 @@ class FastLlama(nn.Module):
         return ops.gemv(x, self.lm_head, norm=self.norm, eps=self.eps, out_dtype=torch.float32)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, fresh: bool = False,
-                step=None) -> torch.Tensor:
+                step=None, head: bool = True) -> torch.Tensor:
         """tokens [B, S] at positions [S] -> logits [B, 1, V] of the last position (float32).
 
         `fresh`: the positions are 0..S-1 of a new request (a prefill). `step` runs one layer
-        (default `self.step`; the engine passes it compiled).
+        (default `self.step`; the engine passes it compiled). `head=False`: the last position's
+        hidden state [B, H] before the final norm instead of logits.
         """
         step = self.step if step is None else step
         x = F.embedding(tokens, self.embed)
         for index, layer in enumerate(self.layers):
             x = step(x, layer.weights(), cache.k[index], cache.v[index], cache.cos, cache.sin, positions, fresh)
+        if not head:
+            return x[:, -1].contiguous()
         x = rms_normalized(x[:, -1:], self.norm, self.eps)
         return F.linear(x, self.lm_head).float()
 
@@ -374,7 +384,7 @@ def sample_step(logits: torch.Tensor, sampling: SamplingConfig, uniform: torch.T
 # What `FastEngine.prepare` builds for one shape; kept per shape, so going back to a shape
 # prepared before (a sweep interleaves its configurations) restores it instead of rebuilding it.
 SHAPE_STATE = ("cache", "sampling", "prompt_ids", "prompt_positions", "tokens", "hidden", "position", "first_position", "out",
-               "uniform",
+               "uniform", "last_prompt_position", "_kernel_head",
                "prompt_length", "new_tokens", "kernels", "_sample_kernel", "_prefill", "_decode", "_prefill_graph",
                "_decode_graph")
 
@@ -440,6 +450,7 @@ class FastEngine:
         self.position = torch.zeros(1, dtype=torch.long, device=dev)
         # the prompt length as a tensor: compiled code that read an int (or a size) would be specialized to it
         self.first_position = torch.full((1,), S, dtype=torch.long, device=dev)
+        self.last_prompt_position = torch.full((1,), S - 1, dtype=torch.long, device=dev)
         # sized by the cache bucket, not by N, so compiled code is not specialized to N
         self.out = torch.zeros(B, positions, dtype=torch.long, device=dev)
         self.uniform = None if config.sampling.greedy else torch.rand(B, vocab, device=dev)
@@ -453,6 +464,10 @@ class FastEngine:
         # a sampled step ends in one kernel when the policy asks for it and a row of logits fits it
         self._sample_kernel = (self.kernels is not None and not config.sampling.greedy
                                and self.kernels.policy.sampling == "kernel" and triton_ops.sample_kernel_fits(vocab))
+
+        # a greedy prefill ends in the decode step's LM head and greedy step kernels when asked
+        self._kernel_head = (self.kernels is not None and config.sampling.greedy
+                             and self.options.prefill_head == "kernels")
 
         if self._compiled is None:
             self._compiled = self._compile()
@@ -499,6 +514,13 @@ class FastEngine:
         return prefill, decode, sample
 
     def _prefill_body(self) -> None:
+        if self._kernel_head:  # the position set to the prompt's last, so the step kernel stores column 0 and advances it
+            x = self._prefill_net(self.prompt_ids, self.prompt_positions, self.cache, head=False)
+            logits = self.kernels.gemv(x, self.net.lm_head, norm=self.net.norm, eps=self.net.eps, out_dtype=torch.float32)
+            self.position.copy_(self.last_prompt_position)
+            self.kernels.greedy_step(logits, self.net.embed, self.hidden, self.tokens, self.out, self.position,
+                                     self.prompt_length)
+            return
         logits = self._prefill_net(self.prompt_ids, self.prompt_positions, self.cache)[:, -1]
         first = pick(logits, self.sampling, self.uniform)
         self.tokens.copy_(first[:, None])
