@@ -37,10 +37,10 @@ def test_a_greedy_prefill_ending_in_the_step_kernels_gives_the_eager_loops_token
 
 def test_a_sampled_prefill_keeps_the_torch_head(tiny):
     pytest.importorskip("triton", reason="the step kernels need Triton (its interpreter on the CPU)")
-    engine = FastEngine(tiny.model, FastOptions(compile=False, graphs=False, triton=True, prefill_head="kernels"))
+    model = model_on_device(tiny)
+    engine = FastEngine(model, FastOptions(compile=False, graphs=DEVICE.type == "cuda", triton=True, prefill_head="kernels"))
     sampled = DecodeConfig(2, sampling=SamplingConfig(greedy=False, temperature=0.7), ignore_eos=True)
-    engine.prepare(random_prompt(tiny.model.config.vocab_size, 4, 1, torch.Generator().manual_seed(1), torch.device("cpu")),
-                   sampled)
+    engine.prepare(random_prompt(model.config.vocab_size, 4, 1, torch.Generator().manual_seed(1), DEVICE), sampled)
     assert not engine._kernel_head
 
 

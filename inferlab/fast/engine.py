@@ -74,11 +74,14 @@ class FastOptions:
     inductor may fuse across layer boundaries, for a longer compile). Both with dynamic shapes.
     `prefill_cache_write`: how the prefill stores the prompt's keys and values in the static cache:
     "slice" copies them into its first S positions (a prefill starts at position 0); "index"
-    scatters them with `index_copy_` at their positions, as a decode step does.
+    scatters them with `index_copy_` at their positions, as a decode step does (inductor made the
+    value write alone a 9.8 us kernel a layer on an H100; TTFT 1.79-1.86 ms against 1.98-2.11 at
+    prompt 128, 7.80 against 8.46-8.48 at prompt 1920: docs/perf/h100/targets-3.md).
     `prefill_head`: with the Triton kernels and greedy decoding, "kernels" ends the prefill as a
     decode step ends: the LM head's kernel (the final norm fused) and the greedy step kernel
     (argmax, the next embedding, the token stored, the position advanced); "torch" runs the norm,
-    the LM head, the argmax and the bookkeeping as torch operations.
+    the LM head, the argmax and the bookkeeping as torch operations (a further 0.05-0.06 ms of TTFT
+    at prompt 128 on an H100).
     """
 
     compile: bool | None = None
@@ -90,8 +93,8 @@ class FastOptions:
     sdpa: bool = False
     prefill_attention: str = "flash"
     prefill_compile: str = "layer"
-    prefill_cache_write: str = "index"
-    prefill_head: str = "torch"
+    prefill_cache_write: str = "slice"
+    prefill_head: str = "kernels"
     launch: object | None = None  # a `kernels.LaunchPolicy` for the Triton kernels; None: the measured default
     dynamic_prefill: bool = True  # one prefill compile for every prompt and cache length
 

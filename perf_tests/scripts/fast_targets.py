@@ -8,8 +8,7 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   and eager;
 - the fast engine without early loads (`LaunchPolicy(early_loads=False)`) at the reference shape;
 - the fast engine at each `--batch-sizes` (from 4 rows also without the batched launches measured
-  per matrix, `LaunchPolicy(rows={})`; from 8 rows also with the candidates measured fastest alone
-  at 8 and 16 rows, `rows_candidates`), at prompt `--long-prompt`, with temperature 0.7 and top-p
+  per matrix, `LaunchPolicy(rows={})`), at prompt `--long-prompt`, with temperature 0.7 and top-p
   0.9 sampling (the step ending in the sampling kernel, the default, and in compiled torch ops,
   `LaunchPolicy(sampling="torch")`), and on `--small-model` (the embedded SmolLM2, real weights)
   when it loads, there also without early loads, in the default launch shape instead of its own
@@ -87,9 +86,6 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # (LaunchPolicy(rows={})): the engine before `MEASURED_ROWS`
     found += [Case(f"fast b{b} rows={{}}", "fast", model, batch_size=b, launch=(("rows", ()),))
               for b in batch_sizes if b >= 4]
-    # from 8 rows, the launches measured fastest alone at 8 and 16 rows added to the measured ones
-    found += [Case(f"fast b{b} rows candidates", "fast", model, batch_size=b, launch=(("rows", rows_candidates()),))
-              for b in batch_sizes if b >= 8]
     found.append(Case(f"fast prompt {long_prompt}", "fast", model, prompt_length=long_prompt))
     # the step ending in the sampling kernel (the default) and in compiled torch ops
     found += [Case("fast sampled", "fast", model, sampling=SAMPLED),
@@ -113,24 +109,6 @@ def _launch_shapes_without_smollm2() -> list:
     except ImportError:
         return []
     return [(key, config) for key, config in MEASURED_GEMV.items() if key not in SMOLLM2_GEMV]
-
-
-def rows_candidates() -> tuple:
-    """`MEASURED_ROWS` with the launches that `kernel_configs.py --probe-rows 8,4,16` found fastest
-    alone at 8 and 16 rows for TinyLlama's narrow matrices (an H100, 2026-12-06: down split over K,
-    11.99 against 14.67 us at 8 rows; o in tiles of 16 rows split over K, 6.79 against 8.56; [q; k; v]
-    with its first tile loaded before the wait, 10.86 against 11.16), as (key, launch) pairs; none
-    where Triton is missing."""
-    try:
-        from inferlab.fast.kernels import MEASURED_ROWS, LaunchConfig, RowsLaunch
-    except ImportError:
-        return ()
-    found = dict(MEASURED_ROWS)
-    for rows in (8, 16):
-        found[(2048, 5632, False, rows)] = RowsLaunch("tensor", target_programs=264)
-        found[(2048, 2048, False, rows)] = RowsLaunch("tensor", LaunchConfig(16, 256, 4, 4), target_programs=264)
-        found[(2560, 2048, False, rows)] = RowsLaunch("tensor", prefetch=True)
-    return tuple(found.items())
 
 
 def launch_policy(launch: tuple):

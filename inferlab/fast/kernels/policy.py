@@ -80,10 +80,17 @@ class RowsLaunch:
 # CUDA cores in the one-row kernel's long tiles (9.2 and 5.9 against 10.9 and 8.5 us alone), down
 # split over K (10.5 against 14.5 us). At 16 rows the kernels alone differed as much, the step not
 # (1.422 ms with such launches in one run, 1.419 without in the run before): none are kept there.
+# At 8 rows (`--probe-rows 8,4,16` on an H100): down split over K (11.99 against 14.67 us), o in
+# tiles of 16 weight rows split over K (6.79 against 8.56), [q; k; v] with its first tile loaded
+# before the wait (10.86 against 11.16); the batch-8 step 1.413 against 1.435 ms in one run, where
+# the same launches at 16 rows left the batch-16 step at 1.510 ms (docs/perf/h100/targets-3.md).
 MEASURED_ROWS: dict[tuple[int, int, bool, int], RowsLaunch] = {
     (2560, 2048, False, 4): RowsLaunch("cuda", LaunchConfig(2, 1024, 4, 1)),
     (2048, 2048, False, 4): RowsLaunch("cuda", LaunchConfig(2, 1024, 4, 1)),
     (2048, 5632, False, 4): RowsLaunch("tensor", target_programs=264),
+    (2560, 2048, False, 8): RowsLaunch("tensor", prefetch=True),
+    (2048, 2048, False, 8): RowsLaunch("tensor", LaunchConfig(16, 256, 4, 4), target_programs=264),
+    (2048, 5632, False, 8): RowsLaunch("tensor", target_programs=264),
 }
 
 
