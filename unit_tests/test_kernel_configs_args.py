@@ -20,11 +20,23 @@ def kernel_configs(perf_script):
     ("--step-shapes=ax1", "is not PROMPTxNEW"), ("--step-variants=head/flash/model2", "unknown"),
     ("--probe-rows=1", "of 2 rows or more"), ("--probe-rows=4,x", "of 2 rows or more"),
 ])
-def test_a_bad_step_shape_or_variant_is_refused_in_one_line_before_any_device_work(argument, message):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--out", "unused", "--attention-variants", argument],
+def test_a_bad_step_shape_or_variant_is_refused_in_one_line_before_any_device_work(kernel_configs, monkeypatch, capsys,
+                                                                                   argument, message):
+    """The script's `main` in this process: argparse's refusal, exit status 2, before anything else
+    runs (any other exception would end the test here); the script as a process below."""
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--out", "unused", "--attention-variants", argument])
+    with pytest.raises(SystemExit) as stopped:
+        kernel_configs.main()
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_the_script_run_as_a_process_refuses_a_bad_argument_in_one_line():
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", "unused", "--attention-variants", "--step-shapes=ax1"],
                           capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=120)
     assert done.returncode == 2
-    assert message in done.stderr and "Traceback" not in done.stderr
+    assert "is not PROMPTxNEW" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_the_step_shapes_and_variants_are_read_in_order(kernel_configs):

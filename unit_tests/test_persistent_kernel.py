@@ -81,11 +81,14 @@ def test_each_layers_weights_are_views_of_the_stacks(tiny):
     assert FastLlama(tiny.model).stacks is None
 
 
-@pytest.mark.parametrize("batch", [1, 2])  # batch 2 keeps the per-layer kernels
-def test_fast_engine_with_the_persistent_kernel_gives_the_eager_loops_tokens(kernels, tiny, batch):
+# a batch of more than one row keeps the per-layer kernels (over the stacks' views), as test_triton_ops
+# runs them: 6 tokens, 4 rows (the tensor-core kernel, under the interpreter a fraction of the time of
+# one program per row)
+@pytest.mark.parametrize("batch, new_tokens", [(1, 12), (4, 6)])
+def test_fast_engine_with_the_persistent_kernel_gives_the_eager_loops_tokens(kernels, tiny, batch, new_tokens):
     model = model_on_device(tiny, torch.float32)
     prompt = random_prompt(model.config.vocab_size, 6, batch, torch.Generator().manual_seed(3), DEVICE)
-    config = DecodeConfig(12, ignore_eos=True)
+    config = DecodeConfig(new_tokens, ignore_eos=True)
     launch = kernels.LaunchPolicy(persistent=True)
     engine = FastEngine(model, FastOptions(compile=False, graphs=DEVICE.type == "cuda", triton=True, launch=launch))
     assert torch.equal(engine.run(prompt, config, None, HostClock()), generate(model, prompt, config).tokens)

@@ -1,5 +1,7 @@
 """The pytest plugin end to end, in separate pytest processes: autosave, compare, compare-fail
-on an injected regression, and refusal to compare runs of different set-ups."""
+on an injected regression, and refusal to compare runs of different set-ups. The cases chosen by
+options and a bad option, decided before any case runs, in pytest sessions of their own run in
+this process (pytester's in-process runs, a fresh configuration each)."""
 
 import json
 import os
@@ -92,13 +94,13 @@ def test_comparing_runs_of_another_dtype_stops_with_a_clear_message(suite):
 
 
 def test_options_choose_the_cases_without_editing_tests(suite):
-    result = suite.runpytest_subprocess(*SMALL[:-6], "--inferlab-output-lengths", "2,3", "--inferlab-rounds", "1",
+    result = suite.runpytest_inprocess(*SMALL[:-6], "--inferlab-output-lengths", "2,3", "--inferlab-rounds", "1",
                                         "--inferlab-warmup", "0", "--inferlab-metrics", "ttft_ms", "--collect-only", "-q")
     result.stdout.fnmatch_lines(["*test_decode[[]eager-b1-p4-n2-ttft_ms[]]*", "*test_decode[[]eager-b1-p4-n3-ttft_ms[]]*"])
 
 
 def test_a_bad_option_is_a_usage_error(suite):
-    result = suite.runpytest_subprocess("--inferlab-engines", "warp-drive", "-p", "no:cacheprovider")
+    result = suite.runpytest_inprocess("--inferlab-engines", "warp-drive", "-p", "no:cacheprovider")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["ERROR: --inferlab-engines: unknown*warp-drive*use some of eager*"])
 

@@ -1,4 +1,9 @@
-"""Every bad --inferlab-* value is a usage error (exit 4) at configure time, before any test runs."""
+"""Every bad --inferlab-* value is a usage error (exit 4) at configure time, before any test runs.
+
+The refusals run in pytest sessions of their own in this process (pytester's in-process runs: a
+fresh configuration whose `pytest_configure` raises the usage error, as in a separate process,
+without the seconds a process takes to import torch and transformers); the case that cannot fit
+runs in a process of its own, as it would allocate if the check failed."""
 
 import os
 from pathlib import Path
@@ -28,24 +33,22 @@ def test_never_runs():
     ("--inferlab-model", "no/such/model", "unknown model 'no/such/model'"),
     ("--inferlab-model", "./missing-folder", "unknown model './missing-folder'"),
 ])
-def test_a_bad_option_is_a_usage_error_before_collection(pytester, monkeypatch, option, value, fragment):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+def test_a_bad_option_is_a_usage_error_before_collection(pytester, option, value, fragment):
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_x=TEST)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--inferlab-device", "cpu", f"{option}={value}")
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--inferlab-device", "cpu", f"{option}={value}")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert any(fragment in line for line in result.stderr.lines), result.stderr.str()
     assert "test_never_runs" not in result.stdout.str()
 
 
-def test_a_broken_model_folder_is_a_usage_error(pytester, monkeypatch, tmp_path):
+def test_a_broken_model_folder_is_a_usage_error(pytester, tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text("{")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
     pytester.makeconftest(CONFTEST)
     pytester.makepyfile(test_x=TEST)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--inferlab-device", "cpu", "--inferlab-model", str(folder))
+    result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--inferlab-device", "cpu", "--inferlab-model", str(folder))
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert any("config.json is not valid JSON" in line for line in result.stderr.lines), result.stderr.str()
 

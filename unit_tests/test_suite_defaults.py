@@ -1,5 +1,7 @@
 """The default GPU suite's cases and its time budget, checked on the CPU with tiny-random in
-separate pytest processes."""
+separate pytest processes; what is decided before any case runs (the cases collected, options
+refused) in pytest sessions of their own run in this process (pytester's in-process runs, a
+fresh configuration each, without the seconds a process takes to import torch and transformers)."""
 
 import json
 import os
@@ -49,7 +51,7 @@ def test_the_defaults_are_the_seeds_lengths_both_prompts_and_the_fast_engine():
 
 
 def test_the_default_cases_are_collected_without_options(suite):
-    result = suite.runpytest_subprocess(*CPU, "--collect-only", "-q")
+    result = suite.runpytest_inprocess(*CPU, "--collect-only", "-q")
     ids = {line.split("[")[1].rstrip("]") for line in result.stdout.lines if "test_decode[" in line}
     assert ids == {f"fast-b1-p{p}-n{n}-{m}" for p in (128, 512)
                    for n in (10, 50, 100, 500) for m in ("ttft_ms", "tpot_ms", "e2e_ms")}
@@ -79,7 +81,7 @@ def test_costs_off_saves_the_entries_without_an_energy_block(suite):
 
 
 def test_costs_takes_on_or_off_only(suite):
-    result = suite.runpytest_subprocess(*CPU, *TINY, "--inferlab-costs", "maybe")
+    result = suite.runpytest_inprocess(*CPU, *TINY, "--inferlab-costs", "maybe")
     assert result.ret != 0
     assert "--inferlab-costs: invalid choice: 'maybe'" in result.stderr.str()
 
@@ -98,6 +100,6 @@ def test_a_spent_budget_stops_at_the_minimum_rounds_and_no_budget_runs_them_all(
     (["--inferlab-max-seconds", "-1"], "--inferlab-max-seconds must be 0 or more"),
 ])
 def test_bad_budget_options_are_usage_errors(suite, option, message):
-    result = suite.runpytest_subprocess(*CPU, *option)
+    result = suite.runpytest_inprocess(*CPU, *option)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines([f"ERROR: {message}"])

@@ -64,9 +64,20 @@ def gemv_case(M: int, shape: str, variant: str, dtype) -> tuple:
     return x, weight, kwargs
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+def dtype_variants(variants: list[str]) -> list:
+    """(dtype, variant) pairs for `gemv_case`, bf16 on CUDA only. "logits" (a float32 output) runs
+    in bf16 alone: from float32 inputs it is "norm" exactly (the same operands, kernel flags and
+    output dtype, so the same launch and the same bits)."""
+    pairs = []
+    for variant in variants:
+        if variant != "logits":
+            pairs.append(pytest.param(torch.float32, variant, id=f"{variant}-fp32"))
+        pairs.append(pytest.param(torch.bfloat16, variant, marks=pytest.mark.gpu, id=f"{variant}-bf16"))
+    return pairs
+
+
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
+@pytest.mark.parametrize("dtype, variant", dtype_variants(["plain", "norm", "residual", "gated", "logits"]))
 # one row; a few rows, one program each; the tensor-core kernel with masked rows; two blocks of 16 rows
 @pytest.mark.parametrize("M", [1, 3, 5, 17])
 def test_gemv_kernel_computes_the_specified_function(kernels, dtype, shape, variant, M):
@@ -80,9 +91,8 @@ def test_gemv_kernel_computes_the_specified_function(kernels, dtype, shape, vari
     assert_same_function(ours, expected)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
+@pytest.mark.parametrize("dtype, variant", dtype_variants(["plain", "norm", "residual", "gated", "logits"]))
 @pytest.mark.parametrize("M", [1, 3])
 # tiles of 64 columns: two tiles (masked when K = 96) or exactly one (K = 64); 128: one tile, wider
 # than K = 96 and 64 (masked) or exactly K = 128, where the input is read once for norm and products
@@ -98,9 +108,8 @@ def test_the_one_row_kernel_with_early_loads_computes_what_it_computes_without(k
     assert_same_function(early, decode_ops.gemv(x, weight, **kwargs))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("variant", ["norm", "gated", "logits"])
+@pytest.mark.parametrize("dtype, variant", dtype_variants(["norm", "gated", "logits"]))
 # the CUDA-core kernel at 2, 3 (padded to 4) and 8 rows; the tensor-core kernel at 5 rows (a tile of
 # 16 holding 8 that can exist) and 17 (two tiles, the second with one row)
 @pytest.mark.parametrize("M, batched", [(2, "cuda"), (3, "cuda"), (8, "cuda"), (5, "tensor"), (17, "tensor")])
@@ -137,9 +146,8 @@ def test_the_cuda_core_batch_kernel_with_early_loads_computes_what_it_computes_w
     assert_same_function(early, decode_ops.gemv(x, weight, **kwargs))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
+@pytest.mark.parametrize("dtype, variant", dtype_variants(["plain", "norm", "residual", "gated", "logits"]))
 @pytest.mark.parametrize("M", [2, 3, 8])  # a power of two of rows; 3 rows padded to 4 (masked)
 @pytest.mark.parametrize("block_k", [32, None])  # several K tiles (masked when K = 96); the default shape
 def test_the_cuda_core_batch_kernel_computes_the_specified_function(kernels, dtype, shape, variant, M, block_k):
@@ -152,9 +160,8 @@ def test_the_cuda_core_batch_kernel_computes_the_specified_function(kernels, dty
     assert_same_function(ours, decode_ops.gemv(x, weight, **kwargs))
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
+@pytest.mark.parametrize("dtype, variant", dtype_variants(["plain", "norm", "residual", "gated", "logits"]))
 @pytest.mark.parametrize("M", [2, 3, 8])  # 3 rows padded to 4 (the fourth reads row 3, never stored)
 @pytest.mark.parametrize("early", [False, True])
 def test_the_rowwise_batch_kernel_computes_the_specified_function(kernels, dtype, shape, variant, M, early):
@@ -599,24 +606,54 @@ def test_decode_with_the_specified_ops_gives_transformers_logits(tiny):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("batch, policy", [
-    *[(batch, policy) for batch in (2, 4)  # GEMVs of one program per row; the tensor-core kernel
-      for policy in ({}, {"attention": "split"}, {"rows_min_batch": 2, "rows_target_programs": 1000},
-                     {"batched": "cuda"}, {"attention": "auto", "split_min_cache": 8})],
-    # the attention variants merged by the combine kernel: the batch changes nothing in them
-    (2, {"attention": "split", "split_combine": "kernel"}), (2, {"head_block_t": 8, "head_range": 8}),
-    (2, {"rows_min_batch": 2, "rows_prefetch": True}), (1, {"early_loads": True}),
-    (1, {"head_block_t": 8, "head_range": 8, "head_combine": "last"}), (2, {"rows_min_batch": 2, "wide_rms": True}),
-    (2, {"batched": "cuda", "wide_rms": True, "early_loads": True}), (3, {"batched": "rowwise"}),
-    (4, {"batched": "rowwise", "early_loads": True})],
-    ids=[*[f"{name}-{batch}" for batch in (2, 4) for name in ("defaults", "split-attention", "split-k", "cuda-batch",
-                                                               "auto-attention")],
-         "split-combine-kernel-2", "head-ranges-2", "rows-prefetch-2", "early-loads-1", "head-ranges-last-1",
-         "wide-rms-2", "cuda-batch-early-wide-2", "rowwise-3", "rowwise-early-4"])
-def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, batch, policy):
+# The engine with each launch policy: (batch, policy, context). The defaults at 2 rows (the GEMVs
+# one program per row) and at 4 (the tensor-core kernel: the default policy's switch); every other
+# policy once. Those that change only the attention, split-K, and the CUDA-core kernel with the
+# other options as the defaults have them, at 4 rows: the attention kernels do not depend on the
+# batch, and under the interpreter a tensor-core launch costs a fraction of one program per row
+# (defaults-2 runs those). The rest at the rows they were written for; the rowwise kernel, which
+# loops over the rows in each program, at 2 rows and at 3 (padded to 4), there with early loads named.
+# `context`: the model's context, which caps the engine's cache (256 positions by default); 32 for
+# ranges of 8 positions: 4 ranges (two read from position 9 on, two empty) instead of 32, mostly
+# empty, whose programs the interpreter runs one by one.
+ENGINE_POLICIES = {
+    "defaults-2": (2, {}, None),
+    "defaults-4": (4, {}, None),
+    "split-attention-4": (4, {"attention": "split"}, None),
+    "split-k-4": (4, {"rows_min_batch": 2, "rows_target_programs": 1000}, None),
+    "cuda-batch-4": (4, {"batched": "cuda"}, None),
+    "auto-attention-4": (4, {"attention": "auto", "split_min_cache": 8}, None),
+    # the attention variants merged by the combine kernel
+    "split-combine-kernel-4": (4, {"attention": "split", "split_combine": "kernel"}, None),
+    "head-ranges-4": (4, {"head_block_t": 8, "head_range": 8}, 32),
+    "rows-prefetch-2": (2, {"rows_min_batch": 2, "rows_prefetch": True}, None),
+    "early-loads-1": (1, {"early_loads": True}, None),
+    "head-ranges-last-1": (1, {"head_block_t": 8, "head_range": 8, "head_combine": "last"}, 32),
+    "wide-rms-2": (2, {"rows_min_batch": 2, "wide_rms": True}, None),
+    "cuda-batch-early-wide-2": (2, {"batched": "cuda", "wide_rms": True, "early_loads": True}, None),
+    "rowwise-2": (2, {"batched": "rowwise"}, None),
+    "rowwise-early-3": (3, {"batched": "rowwise", "early_loads": True}, None),
+}
+
+
+@pytest.fixture(scope="module")
+def short_context():
+    """tiny-random's weights (the same seed) with a context of 32 positions: the engine's cache holds 32."""
+    from inferlab.model.registry import TINY_RANDOM_CONFIG, random_llama
+
+    return random_llama({**TINY_RANDOM_CONFIG, "max_position_embeddings": 32}, DEVICE, torch.float32, 0).eval()
+
+
+@pytest.mark.parametrize("batch, policy, context", list(ENGINE_POLICIES.values()), ids=list(ENGINE_POLICIES))
+def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, tiny, short_context, batch, policy,
+                                                                     context):
     from inferlab.model.registry import load_model
 
-    model = tiny.model if DEVICE.type == "cpu" else load_model("tiny-random", DEVICE, torch.float32).model
+    if context:
+        model = short_context
+        assert model.config.max_position_embeddings == context
+    else:
+        model = tiny.model if DEVICE.type == "cpu" else load_model("tiny-random", DEVICE, torch.float32).model
     prompt = random_prompt(model.config.vocab_size, 6, batch, torch.Generator().manual_seed(3), DEVICE)
     config = DecodeConfig(6, ignore_eos=True)
     # on CUDA the kernels are also captured in the decode step's graph and replayed
@@ -624,6 +661,7 @@ def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, t
     engine = FastEngine(model, FastOptions(compile=False, graphs=DEVICE.type == "cuda", triton=True, launch=launch))
     assert "triton" in engine.describe()
     assert torch.equal(engine.run(prompt, config, None, HostClock()), generate(model, prompt, config).tokens)
+    assert engine.cache.length == (context or 256)
 
 
 def test_seeded_sampling_with_triton_kernels_draws_what_the_torch_step_draws(kernels, tiny):
@@ -632,7 +670,9 @@ def test_seeded_sampling_with_triton_kernels_draws_what_the_torch_step_draws(ker
     from inferlab.decode.sampling import SamplingConfig
 
     model = tiny.model if DEVICE.type == "cpu" else load_model("tiny-random", DEVICE, torch.float32).model
-    prompt = random_prompt(model.config.vocab_size, 5, 2, torch.Generator().manual_seed(4), DEVICE)
+    # 4 rows: the decode step's GEMVs in the tensor-core kernel (under the interpreter a fraction of
+    # the time of one program per row); the sampling kernel takes one row a program at any batch
+    prompt = random_prompt(model.config.vocab_size, 5, 4, torch.Generator().manual_seed(4), DEVICE)
     config = DecodeConfig(6, sampling=SamplingConfig(greedy=False, temperature=0.8, top_k=50, top_p=0.9), ignore_eos=True)
     graphs = DEVICE.type == "cuda"
     runs = []
@@ -640,7 +680,12 @@ def test_seeded_sampling_with_triton_kernels_draws_what_the_torch_step_draws(ker
     for triton, launch in ((True, kernels.LaunchPolicy(sampling="torch")), (True, None), (False, None),
                            (True, kernels.LaunchPolicy(sampling="kernel"))):
         engines.append(FastEngine(model, FastOptions(compile=False, graphs=graphs, triton=triton, launch=launch)))
-        runs.append(engines[-1].run(prompt, config, torch.Generator(DEVICE).manual_seed(7), HostClock()))
+    for engine in engines[:3]:
+        runs.append(engine.run(prompt, config, torch.Generator(DEVICE).manual_seed(7), HostClock()))
+    # The kernel named is prepared, not run: its policy is the default's, field for field, so its
+    # launches, and its draws, are the default engine's (a second run would repeat the same computation).
+    engines[3].prepare(prompt, config)
+    assert engines[3].kernels.policy == engines[1].kernels.policy
     # the torch step, the default (the sampling kernel), no Triton at all, and the kernel named
     assert [engine._sample_kernel for engine in engines] == [False, True, False, True]
     assert all(torch.equal(runs[0], run) for run in runs[1:])
