@@ -104,7 +104,8 @@ def test_the_one_row_kernel_with_early_loads_computes_what_it_computes_without(k
     x, weight, kwargs = gemv_case(M, shape, variant, dtype)
     config = kernels.LaunchConfig(block_n=8, block_k=block_k, num_warps=4, num_stages=1)
     early = kernels.gemv(x, weight, config=config, policy=kernels.LaunchPolicy(early_loads=True), **kwargs)
-    assert torch.equal(early, kernels.gemv(x, weight, config=config, **kwargs))
+    late = kernels.gemv(x, weight, config=config, policy=kernels.LaunchPolicy(early_loads=False), **kwargs)
+    assert torch.equal(early, late)
     assert_same_function(early, decode_ops.gemv(x, weight, **kwargs))
 
 
@@ -139,7 +140,7 @@ def test_the_cuda_core_batch_kernel_with_early_loads_computes_what_it_computes_w
                                                                                        M):
     x, weight, kwargs = gemv_case(M, shape, variant, dtype)
     config = kernels.LaunchConfig(block_n=4, block_k=32, num_warps=4, num_stages=1)
-    policy = kernels.LaunchPolicy(batched="cuda")
+    policy = kernels.LaunchPolicy(batched="cuda", early_loads=False)
     early = kernels.gemv(x, weight, config=config, policy=kernels.LaunchPolicy(batched="cuda", early_loads=True),
                          **kwargs)
     assert torch.equal(early, kernels.gemv(x, weight, config=config, policy=policy, **kwargs))
