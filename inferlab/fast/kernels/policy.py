@@ -126,11 +126,13 @@ class LaunchPolicy:
     # the tensor-core kernel cuts K into ranges until its programs number about this many (0: never)
     rows_target_programs: int = 0
     # the tensor-core kernel loads its first weight tile before waiting on the previous kernel
-    # (as the one-row kernel does); to be measured against waiting first
+    # (as the one-row kernel does); for the whole step, mixed on the H200: -2.0% at batch 4, -5.1%
+    # at 8, +9.4% at 16 (docs/perf/h200/targets-2.md)
     rows_prefetch: bool = False
     # the batched kernels' RMS pass over their rows in wide tiles summed as they go
     # (`_rms_scales_wide`: 4 rows x 2048 columns in one load) instead of the products' K tiles
-    # (16 rows x 256 columns, eight loads one after another for K = 2048). To be measured.
+    # (16 rows x 256 columns, eight loads one after another for K = 2048). On the H200 +0.7%, +8.4%
+    # and +4.7% at batches 4, 8 and 16 (docs/perf/h200/targets-2.md)
     wide_rms: bool = False
     # the one-row and CUDA-core projection kernels issue every load that does not wait on a
     # reduction at once (the residual beside the input; in the one-row kernel where K fits one
@@ -153,7 +155,8 @@ class LaunchPolicy:
     head_range: int = 128
     # who merges the per-head kernel's ranges: "kernel", `_attention_combine_kernel` after it (one
     # kernel more a layer); "last", the last of each head's ranges to finish, in the same kernel
-    # (an atomic count a program instead of a kernel boundary). To be measured before it is the default.
+    # (an atomic count a program instead of a kernel boundary). On the H200 "last" loses: +1.4% at
+    # batch 1 on TinyLlama, +3.5% on SmolLM2 (docs/perf/h200/targets-2.md)
     head_combine: str = "kernel"
     split_block_t: int = SPLIT_BLOCK_T
     split_positions: int = SPLIT_POSITIONS
@@ -175,7 +178,8 @@ class LaunchPolicy:
     # at batch 1, every layer in one persistent kernel (`decode_layers`): about one program per
     # SM (`persistent_per_sm`) alive for the whole step, its phases separated by grid barriers
     # instead of kernel boundaries, so a step is three kernels (layers, LM head, greedy step)
-    # instead of five or six a layer. Built for the launch-bound small models; to be measured.
+    # instead of five or six a layer. Built for the launch-bound small models; on the H200 it loses:
+    # TPOT 1.94 against 0.68 ms on TinyLlama, 0.593 against 0.504 on SmolLM2 (targets-2.md).
     # Its weights are stacked per kind ([L, ...]): o and down are then held twice (model and stack).
     persistent: bool = False
     persistent_per_sm: int = 1
