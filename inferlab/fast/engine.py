@@ -74,14 +74,13 @@ class FastOptions:
     inductor may fuse across layer boundaries, for a longer compile). Both with dynamic shapes.
     `prefill_cache_write`: how the prefill stores the prompt's keys and values in the static cache:
     "slice" copies them into its first S positions (a prefill starts at position 0); "index"
-    scatters them with `index_copy_` at their positions, as a decode step does (inductor made the
-    value write alone a 9.8 us kernel a layer on an H100; TTFT 1.79-1.86 ms against 1.98-2.11 at
-    prompt 128, 7.80 against 8.46-8.48 at prompt 1920: docs/perf/h100/targets-3.md).
+    scatters them with `index_copy_` at their positions, as a decode step does (inductor compiles
+    that into a slow scatter; both are timed in docs/perf/h100/targets-3.md).
     `prefill_head`: with the Triton kernels and greedy decoding, "kernels" ends the prefill as a
     decode step ends: the LM head's kernel (the final norm fused) and the greedy step kernel
     (argmax, the next embedding, the token stored, the position advanced); "torch" runs the norm,
-    the LM head, the argmax and the bookkeeping as torch operations (a further 0.05-0.06 ms of TTFT
-    at prompt 128 on an H100).
+    the LM head, the argmax and the bookkeeping as torch operations (about ten kernels instead of
+    two).
     """
 
     compile: bool | None = None
