@@ -33,13 +33,17 @@ def test_absolute_and_relative_targets_are_judged_on_the_p50_and_a_missing_case_
 def test_the_targets_follow_the_cases_that_run(script):
     made = script.cases("m", "small", [1, 4, 8], 1920)
     assert [case.name for case in made] == [
-        "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b4", "fast b8", "fast b4 rows={}",
-        "fast b8 rows={}", "fast prompt 1920", "fast sampled", "fast sampled torch", "fast small",
+        "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b1 prefill as before", "fast b4", "fast b8",
+        "fast b4 rows={}", "fast b8 rows={}", "fast prompt 1920", "fast prompt 1920 prefill as before", "fast sampled", "fast sampled torch", "fast small",
         "fast small no early_loads", "fast small default shapes", "fast small persistent"]
     launch = {case.name: case.launch for case in made}
     assert launch["fast sampled torch"] == (("sampling", "torch"),) and not launch["fast b1"]
     assert not launch["fast sampled"] and launch["fast b4 rows={}"] == (("rows", ()),)
     assert launch["fast b1 no early_loads"] == launch["fast small no early_loads"] == (("early_loads", False),)
+    options = {case.name: case.options for case in made}
+    assert options["fast b1 prefill as before"] == options["fast prompt 1920 prefill as before"] == (
+        ("prefill_cache_write", "index"), ("prefill_head", "torch"))
+    assert not any(options[name] for name in options if "prefill as before" not in name)
     assert launch["fast small persistent"] == (("persistent", True),)
     goals = script.targets([1, 4, 8], 1920, None)
     assert {goal.case for goal in goals} == {"fast b1", "fast b4", "fast b8", "fast prompt 1920", "fast sampled"}
@@ -70,6 +74,7 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
     assert "only shows that every case runs" in done.stdout
     saved = json.loads(next(tmp_path.glob("*-targets/targets.json")).read_text())
     assert set(saved["results"]) == {"fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b2",
+                                     "fast b1 prefill as before", "fast prompt 24 prefill as before",
                                      "fast b4", "fast b4 rows={}", "fast prompt 24",
                                      "fast sampled", "fast sampled torch"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]

@@ -6,7 +6,9 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
 
 - the reference shape (`--model`, batch 1, prompt 128, 128 new tokens) for fast, hf, hf-static
   and eager;
-- the fast engine without early loads (`LaunchPolicy(early_loads=False)`) at the reference shape;
+- the fast engine without early loads (`LaunchPolicy(early_loads=False)`) at the reference shape,
+  and with its prefill as before (`FastOptions(prefill_cache_write="index", prefill_head="torch")`)
+  at the reference shape and at prompt `--long-prompt`;
 - the fast engine at each `--batch-sizes` (from 4 rows also without the batched launches measured
   per matrix, `LaunchPolicy(rows={})`), at prompt `--long-prompt`, with temperature 0.7 and top-p
   0.9 sampling (the step ending in the sampling kernel, the default, and in compiled torch ops,
@@ -59,6 +61,7 @@ class Case:
     prompt_length: int = 128
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     launch: tuple = ()  # LaunchPolicy keywords as (name, value) pairs; (): the default policy
+    options: tuple = ()  # FastOptions keywords other than `launch`, as (name, value) pairs
 
 
 @dataclass(frozen=True)
@@ -81,12 +84,17 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found = [Case(f"{engine} b1", engine, model) for engine in ("fast", "hf", "hf-static", "eager")]
     # the one-row kernel's loads issued after the reductions they do not wait on, as before early loads
     found.append(Case("fast b1 no early_loads", "fast", model, launch=(("early_loads", False),)))
+    # the prefill's cache write scattered by position and its end in torch operations, as before
+    before = (("prefill_cache_write", "index"), ("prefill_head", "torch"))
+    found.append(Case("fast b1 prefill as before", "fast", model, options=before))
     found += [Case(f"fast b{b}", "fast", model, batch_size=b) for b in batch_sizes if b != 1]
     # every matrix in the policy-wide batched kernel, without the launches measured per matrix
     # (LaunchPolicy(rows={})): the engine before `MEASURED_ROWS`
     found += [Case(f"fast b{b} rows={{}}", "fast", model, batch_size=b, launch=(("rows", ()),))
               for b in batch_sizes if b >= 4]
     found.append(Case(f"fast prompt {long_prompt}", "fast", model, prompt_length=long_prompt))
+    found.append(Case(f"fast prompt {long_prompt} prefill as before", "fast", model, prompt_length=long_prompt,
+                      options=before))
     # the step ending in the sampling kernel (the default) and in compiled torch ops
     found += [Case("fast sampled", "fast", model, sampling=SAMPLED),
               Case("fast sampled torch", "fast", model, sampling=SAMPLED, launch=(("sampling", "torch"),))]
@@ -192,11 +200,12 @@ def error_line(error: Exception) -> str:
 
 
 def fast_engine(engines: dict, case: Case, loaded) -> FastEngine:
-    """One engine per model and launch policy, kept in `engines`: a new shape then captures
-    graphs instead of compiling again."""
-    key = (case.model, case.launch)
+    """One engine per model, launch policy and options, kept in `engines`: a new shape then
+    captures graphs instead of compiling again."""
+    key = (case.model, case.launch, case.options)
     if key not in engines:
-        engines[key] = FastEngine(loaded.model, FastOptions(launch=launch_policy(case.launch) if case.launch else None))
+        launch = launch_policy(case.launch) if case.launch else None
+        engines[key] = FastEngine(loaded.model, FastOptions(launch=launch, **dict(case.options)))
     return engines[key]
 
 
@@ -267,8 +276,8 @@ def main() -> int:
             failed[case.name] = error_line(error)
             print(f"{case.name}: FAILED {failed[case.name]}", flush=True)
     correctness = {}
-    for (model, launch), engine in engines.items():
-        if not launch or dict(launch).get("persistent"):  # the default engine of each model, and one kernel for all layers
+    for (model, launch, options), engine in engines.items():
+        if not options and (not launch or dict(launch).get("persistent")):  # the default engine of each model, and one kernel for all layers
             name = " ".join([model, *(f"{key}={value}" for key, value in launch)])
             try:
                 correctness[name] = check(models[model], engine, args.output_length, name)
