@@ -516,11 +516,13 @@ class FastEngine:
         return prefill, decode, sample
 
     def _prefill_body(self) -> None:
-        if self._kernel_head:  # the position set to the prompt's last, so the step kernel stores column 0 and advances it
+        if self._kernel_head:
+            net = self.net
             x = self._prefill_net(self.prompt_ids, self.prompt_positions, self.cache, head=False)
-            logits = self.kernels.gemv(x, self.net.lm_head, norm=self.net.norm, eps=self.net.eps, out_dtype=torch.float32)
+            logits = self.kernels.gemv(x, net.lm_head, norm=net.norm, eps=net.eps, out_dtype=torch.float32)
+            # at the prompt's last position the step kernel stores its token in column 0 and advances to S
             self.position.copy_(self.last_prompt_position)
-            self.kernels.greedy_step(logits, self.net.embed, self.hidden, self.tokens, self.out, self.position,
+            self.kernels.greedy_step(logits, net.embed, self.hidden, self.tokens, self.out, self.position,
                                      self.prompt_length)
             return
         logits = self._prefill_net(self.prompt_ids, self.prompt_positions, self.cache)[:, -1]

@@ -17,9 +17,9 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   measured ones, and with `persistent` (every layer in one kernel).
 
 Designs measured and left off by default are recorded with the run that measured them in
-docs/perf/h200/targets-2.md and docs/perf/h100/targets-3.md (the CUDA-core batch kernel, one row at a time or all
-rows at once, wide RMS tiles, the ranges merged by the last, the persistent kernel at TinyLlama's
-size).
+docs/perf/h200/targets-2.md and docs/perf/h100/targets-3.md (the CUDA-core batch kernel, one row
+at a time or all rows at once, wide RMS tiles, the ranges merged by the last, the persistent
+kernel at TinyLlama's size).
 
 Then, per model, the correctness of the default fast engine (`teacher_forced_check`): its greedy
 tokens against the eager loop's, and both one's logit error against an fp32 reference on the
@@ -277,7 +277,8 @@ def main() -> int:
             print(f"{case.name}: FAILED {failed[case.name]}", flush=True)
     correctness = {}
     for (model, launch, options), engine in engines.items():
-        if not options and (not launch or dict(launch).get("persistent")):  # the default engine of each model, and one kernel for all layers
+        # the default engine of each model, and one kernel for all layers
+        if not options and (not launch or dict(launch).get("persistent")):
             name = " ".join([model, *(f"{key}={value}" for key, value in launch)])
             try:
                 correctness[name] = check(models[model], engine, args.output_length, name)
