@@ -3,6 +3,8 @@ and the Triton kernels (`triton_ops`) compute the same function, including the c
 masked edges and several rows. On a CPU the kernels run under Triton's interpreter (fp32 only:
 it rounds to bf16 by truncation); on CUDA they are compiled, and bf16 is checked too."""
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -531,33 +533,52 @@ def sample_case(kernels, M: int, V: int, H: int, first: int, seed: int):
     return logits, uniform, embed, hidden, tokens, out, torch.tensor([first + 2], device=DEVICE)
 
 
+def sampler(kernels, kind: str, V: int):
+    """The sampling kernel `kind`: "row" (`sample_step`, one program a row) or "split"
+    (`sample_step_split`); on a GPU as the engine launches it, under the interpreter split in four
+    programs a row that each take their chunk in one tile (fewer operations to interpret)."""
+    if kind == "row":
+        return kernels.sample_step
+    if DEVICE.type == "cuda":
+        return kernels.sample_step_split
+    chunk = max(256, 1 << (V // 4 - 1).bit_length())
+    return functools.partial(kernels.sample_step_split, chunk=chunk, sub=chunk)
+
+
+@pytest.mark.parametrize("kind", ["row", "split"])
 @pytest.mark.parametrize("V", [1000, 32000])
 @pytest.mark.parametrize("name", list(SAMPLINGS))
-def test_the_sampling_kernel_draws_what_the_sorted_torch_step_draws(kernels, name, V):
+def test_the_sampling_kernels_draw_what_the_sorted_torch_step_draws(kernels, name, V, kind):
     """Three rows, fresh draws: the token `pick` (temperature, top-k, top-p with a sort, the
     exponential race) chooses, its embedding, the out column and one position step."""
     from inferlab.decode.sampling import SamplingConfig
     from inferlab.fast.engine import pick
 
     sampling = SamplingConfig(greedy=False, **SAMPLINGS[name])
+    step = sampler(kernels, kind, V)
     for seed in (20, 30):
         logits, uniform, embed, hidden, tokens, out, position = sample_case(kernels, 3, V, 24, 10, seed)
         expected = pick(logits, sampling, uniform)
-        kernels.sample_step(logits, sampling, uniform, embed, hidden, tokens, out, position, 10)
+        step(logits, sampling, uniform, embed, hidden, tokens, out, position, 10)
         assert tokens[:, 0].tolist() == expected.tolist()
         assert out[:, 3].tolist() == expected.tolist() and int((out == -1).sum()) == 3 * 5
         assert torch.equal(hidden, embed[expected]) and position.tolist() == [13]
-    counts = [buffers[0] for key, buffers in kernels.KEPT.items() if key[0] == "sample"]
-    assert counts and all(int(c) == 0 for c in counts)
+    # arrival counts back at 0 for the next launch: the rows' (both kernels) and the split kernel's barriers
+    counts = [buffer for key, buffers in kernels.KEPT.items() if key[0] in ("sample", "sample-split")
+              for buffer in buffers if buffer.dtype == torch.int32]
+    assert counts and all(int(c.abs().sum()) == 0 for c in counts)
+    assert kernels.barrier_errors(DEVICE) == 0
 
 
-def test_the_sampling_kernel_keeps_the_nucleus_and_the_top_k_ties_and_nothing_else(kernels):
+@pytest.mark.parametrize("kind", ["row", "split"])
+def test_the_sampling_kernels_keep_the_nucleus_and_the_top_k_ties_and_nothing_else(kernels, kind):
     """The race is rigged: the uniform draw of one token is 1 - 1e-7 (its race value is ~1e7 x
     its probability), so that token wins if, and only if, it is kept."""
     from inferlab.decode.sampling import SamplingConfig
     from inferlab.fast.engine import pick
 
     V = 64
+    step = sampler(kernels, kind, V)
     logits = torch.full((1, V), -20.0, device=DEVICE)
     logits[0, :4] = torch.log(torch.tensor([0.5, 0.3, 0.15, 0.05], device=DEVICE))  # the rest ~1e-9 each
 
@@ -566,7 +587,7 @@ def test_the_sampling_kernel_keeps_the_nucleus_and_the_top_k_ties_and_nothing_el
         uniform[0, favoured] = 1.0 - 1e-7
         embed, hidden = draw(V, 4, seed=1), torch.zeros(1, 4, device=DEVICE)
         tokens, out = torch.zeros(1, 1, dtype=torch.long, device=DEVICE), torch.zeros(1, 4, dtype=torch.long, device=DEVICE)
-        kernels.sample_step(logits, sampling, uniform, embed, hidden, tokens, out, torch.tensor([0], device=DEVICE), 0)
+        step(logits, sampling, uniform, embed, hidden, tokens, out, torch.tensor([0], device=DEVICE), 0)
         assert int(tokens[0, 0]) == int(pick(logits, sampling, uniform)[0])
         return int(tokens[0, 0])
 
@@ -588,7 +609,7 @@ def test_the_sampling_kernel_refuses_a_vocabulary_that_would_not_fit_its_registe
         kernels.sample_step(logits, SamplingConfig(greedy=False), logits, torch.zeros(49152, 2, device=DEVICE),
                             torch.zeros(1, 2, device=DEVICE), torch.zeros(1, 1, dtype=torch.long, device=DEVICE),
                             torch.zeros(1, 2, dtype=torch.long, device=DEVICE), torch.tensor([0], device=DEVICE), 0)
-    with pytest.raises(ValueError, match="sampling must be 'torch' or 'kernel'"):
+    with pytest.raises(ValueError, match=r"sampling must be one of \['torch', 'kernel', 'split'\]"):
         kernels.LaunchPolicy(sampling="sort")
 
 
@@ -679,16 +700,17 @@ def test_seeded_sampling_with_triton_kernels_draws_what_the_torch_step_draws(ker
     runs = []
     engines = []
     for triton, launch in ((True, kernels.LaunchPolicy(sampling="torch")), (True, None), (False, None),
-                           (True, kernels.LaunchPolicy(sampling="kernel"))):
+                           (True, kernels.LaunchPolicy(sampling="kernel")), (True, kernels.LaunchPolicy(sampling="split"))):
         engines.append(FastEngine(model, FastOptions(compile=False, graphs=graphs, triton=triton, launch=launch)))
-    for engine in engines[:3]:
+    for engine in engines[:3] + engines[4:]:
         runs.append(engine.run(prompt, config, torch.Generator(DEVICE).manual_seed(7), HostClock()))
-    # The kernel named is prepared, not run: its policy is the default's, field for field, so its
+    # The default named is prepared, not run: its policy is the default's, field for field, so its
     # launches, and its draws, are the default engine's (a second run would repeat the same computation).
     engines[3].prepare(prompt, config)
     assert engines[3].kernels.policy == engines[1].kernels.policy
-    # the torch step, the default (the sampling kernel), no Triton at all, and the kernel named
-    assert [engine._sample_kernel for engine in engines] == [False, True, False, True]
+    # the torch step, the default (one program a row), no Triton at all, the default named, and
+    # the split kernel
+    assert [engine._sample_kernel for engine in engines] == [False, True, False, True, True]
     assert all(torch.equal(runs[0], run) for run in runs[1:])
     assert len(set(runs[0].flatten().tolist())) > 1
 
@@ -708,8 +730,10 @@ def test_on_cuda_the_compiled_sample_step_in_the_graph_draws_what_the_torch_step
 
     runs = [FastEngine(model, options).run(prompt, config, torch.Generator(DEVICE).manual_seed(7), HostClock())
             for options in (FastOptions(launch=LaunchPolicy(sampling="torch")),
-                            FastOptions(compile=False, graphs=False, triton=False), FastOptions())]
-    assert torch.equal(runs[0], runs[1]) and torch.equal(runs[0], runs[2])  # the last: the sampling kernel, in the graph
+                            FastOptions(compile=False, graphs=False, triton=False), FastOptions(),
+                            FastOptions(launch=LaunchPolicy(sampling="split")))]
+    # the last two: the sampling kernels in the graph, the default (one program a row) and split
+    assert all(torch.equal(runs[0], run) for run in runs[1:])
 
 
 def test_triton_kernels_on_cpu_are_refused_with_a_reason(tiny, monkeypatch):

@@ -177,6 +177,18 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
                      ONE_ROW=False)
         cases.append((f"sample step vocab {vocab}{' top-k' if top_k else ''} top-p", kernels.step._sample_step_kernel,
                       sample, flags, dict(num_warps=kernels.sample_warps(block))))
+    split_sample = dict(sample, part_ptr=fp32, bar_ptr=i32, err_ptr=i32, phase_first="i32", phase_last="i32")
+    # over many programs a row (LaunchPolicy(sampling="split")): TinyLlama's and SmolLM2's vocabularies
+    for vocab, hidden, top_k, top_p in ((32000, 2048, False, True), (32000, 2048, True, True),
+                                        (49152, 576, False, True), (32000, 2048, False, False)):
+        programs = kernels.split_programs(vocab)
+        flags = dict(V=vocab, H=hidden, P=programs, PP=1 << (programs - 1).bit_length(), CHUNK=kernels.SPLIT_CHUNK,
+                     SUB=kernels.sampling.SUB, PB=kernels.sampling.PARTIAL_BLOCK, BLOCK_H=1024,
+                     ROUNDS=kernels.sampling.ROUNDS, TEMPERATURE=True, TOP_K=top_k, TOP_P=top_p, ONE_ROW=False,
+                     SYNC=True, SPIN=kernels.grid.SPIN_LIMIT, POLL_LOADS=True)
+        cases.append((f"split sample vocab {vocab}{' top-k' if top_k else ''}{' top-p' if top_p else ''}",
+                      kernels.sampling._sample_split_kernel, split_sample, flags,
+                      dict(num_warps=kernels.sampling.SPLIT_WARPS)))
     return cases
 
 

@@ -463,9 +463,9 @@ class FastEngine:
             from inferlab.fast import kernels as triton_ops
 
             self.kernels = triton_ops.Kernels(pdl=self.options.pdl, policy=self.options.launch or triton_ops.DEFAULT_POLICY)
-        # a sampled step ends in one kernel when the policy asks for it and a row of logits fits it
+        # a sampled step ends in the policy's sampling kernel where it takes these rows of logits
         self._sample_kernel = (self.kernels is not None and not config.sampling.greedy
-                               and self.kernels.policy.sampling == "kernel" and triton_ops.sample_kernel_fits(vocab))
+                               and self.kernels.sample_fits(B, vocab, dev))
 
         # a greedy prefill ends in the decode step's LM head and greedy step kernels when asked
         self._kernel_head = (self.kernels is not None and config.sampling.greedy

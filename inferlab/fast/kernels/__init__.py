@@ -45,8 +45,11 @@ from inferlab.fast.kernels.policy import (ATTENTION_BLOCK_T, ATTENTION_KERNELS, 
                                           ROWS_GEMV, SMOLLM2_GEMV, SPLIT_BLOCK_T, SPLIT_COMBINES, SPLIT_POLICY,
                                           SPLIT_POSITIONS, TINYLLAMA_GEMV, LaunchConfig, LaunchPolicy, RowsLaunch,
                                           gemv_config)
-from inferlab.fast.kernels.persistent import barrier_errors, decode_layers, resident_programs, tile_shape
+from inferlab.fast.kernels.grid import barrier_errors
+from inferlab.fast.kernels.persistent import decode_layers, resident_programs, tile_shape
 from inferlab.fast.kernels.projections import batch_config, gemv, rms_columns, rows_split_k
+from inferlab.fast.kernels.sampling import CHUNK as SPLIT_CHUNK
+from inferlab.fast.kernels.sampling import sample_step_split, split_fits, split_phases, split_programs
 from inferlab.fast.kernels.step import SAMPLE_MAX_VOCAB, greedy_step, sample_kernel_fits, sample_step, sample_warps
 
 __all__ = [
@@ -56,7 +59,8 @@ __all__ = [
     "LaunchConfig", "LaunchPolicy", "RowsLaunch", "attention_decode", "attention_decode_split", "attention_splits",
     "barrier_errors", "batch_config", "combine_chunk", "decode_layers", "gemv", "gemv_config", "greedy_step",
     "kept", "pdl_supported", "resident_programs", "rms_columns", "rows_split_k", "sample_kernel_fits",
-    "sample_step", "sample_warps", "tile_shape",
+    "sample_step", "sample_step_split", "sample_warps", "SPLIT_CHUNK", "split_fits", "split_phases", "split_programs",
+    "tile_shape",
 ]
 
 
@@ -86,5 +90,18 @@ class Kernels:
     def greedy_step(self, *args, **kwargs) -> None:
         greedy_step(*args, **kwargs)
 
+    def sample_fits(self, rows: int, vocab: int, device: torch.device) -> bool:
+        """Whether the policy's sampling kernel takes `rows` rows of `vocab` logits on `device`
+        (else a sampled step ends in the torch step)."""
+        if self.policy.sampling == "kernel":
+            return sample_kernel_fits(vocab)
+        if self.policy.sampling == "split":
+            return device.type != "cuda" or split_fits(rows, vocab, _multiprocessors(device))
+        return False
+
     def sample_step(self, *args, **kwargs) -> None:
-        sample_step(*args, **kwargs)
+        (sample_step_split if self.policy.sampling == "split" else sample_step)(*args, **kwargs)
+
+
+def _multiprocessors(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count

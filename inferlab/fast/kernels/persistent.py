@@ -18,42 +18,17 @@ programs one after another, a barrier would never open: there each phase is a la
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from inferlab.fast.kernels.attention import _attend_cached, _rope
+from inferlab.fast.kernels.grid import SPIN_LIMIT, _grid_arrive, _grid_wait, interpreted, wait_errors
 from inferlab.fast.kernels.launch import kept
 from inferlab.fast.kernels.projections import _silu_times
 
 PHASES = 5  # a layer: [q; k; v], attention, o, [gate; up], down
-SPIN_LIMIT = 1 << 20  # polls of a barrier before a program gives up and counts an error (about a second)
 REGISTERS_PER_SM, SHARED_PER_SM, THREADS_PER_SM = 65536, 228 * 1024, 2048  # Hopper
-
-
-@triton.jit
-def _grid_arrive(bar_ptr):
-    """Count this program's arrival once every thread's stores of the phase are issued."""
-    tl.debug_barrier()
-    tl.atomic_add(bar_ptr, 1, sem="release", scope="gpu")
-
-
-@triton.jit
-def _grid_wait(bar_ptr, err_ptr, target, SPIN: tl.constexpr):
-    """Wait until the count reaches `target`; after SPIN polls, count an error in err_ptr and go on.
-    Once one wait has given up, every later one (in this launch or the next) gives up at once, so
-    a grid that cannot be resident costs about one SPIN, not one per barrier, and is reported."""
-    errors = tl.load(err_ptr, volatile=True)  # issued before the acquire, so the two loads overlap
-    count = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-    polls = tl.where(errors > 0, SPIN, 0)
-    while (count < target) & (polls < SPIN):
-        count = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-        polls += 1
-    if count < target:
-        tl.atomic_add(err_ptr, 1)
-    tl.debug_barrier()
 
 
 @triton.jit
@@ -294,20 +269,10 @@ def resident_programs(sms: int, per_sm: int, registers: int, warps: int, shared:
     return sms * max(1, min(per_sm, by_registers, by_threads, by_shared))
 
 
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
-
-
 def _barrier(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The grid barrier's arrival count (0 between launches) and its count of waits that gave up."""
-    return kept(("persistent-barrier", device), lambda: (torch.zeros(1, device=device, dtype=torch.int32),
-                                                         torch.zeros(1, device=device, dtype=torch.int32)))
-
-
-def barrier_errors(device: torch.device) -> int:
-    """Barrier waits that gave up (`SPIN_LIMIT` polls) in the launches on `device` so far: 0
-    unless the programs were not all resident at once. Synchronizes."""
-    return int(_barrier(device)[1].item())
+    """The grid barrier's arrival count (0 between launches) and the count of waits that gave up."""
+    count, = kept(("persistent-barrier", device), lambda: (torch.zeros(1, device=device, dtype=torch.int32),))
+    return count, wait_errors(device)
 
 
 def decode_layers(
@@ -360,7 +325,7 @@ def decode_layers(
                     num_warps=num_warps, **{f"BN_{m}": s[0] for m, s in shapes.items()},
                     **{f"BK_{m}": s[1] for m, s in shapes.items()})
 
-    if _interpreted():  # programs run one after another here: a barrier would never open
+    if interpreted():  # programs run one after another here: a barrier would never open
         nprog = programs or 3
         for phase in range(PHASES * L):
             _decode_layers_kernel[(nprog,)](*operands, phase, phase + 1, *strides, SYNC=False, **flags(nprog))

@@ -51,6 +51,7 @@ SPLIT_COMBINES = ("last", "kernel")
 
 ROWS_GEMV = LaunchConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # measured at batch 4 on the H200
 BATCHED_KERNELS = ("row", "cuda", "rowwise", "tensor")
+SAMPLING_KERNELS = ("torch", "kernel", "split")
 
 
 @dataclass(frozen=True)
@@ -171,9 +172,13 @@ class LaunchPolicy:
     split_combine: str = "last"
     # how a sampled step ends: "torch", temperature, top-k and top-p with a sort, compiled by
     # inductor (0.089 ms a step on an H100 at vocabulary 32,000: docs/perf/h100/targets.md);
-    # "kernel", `sample_step`, one kernel that finds the thresholds by bisection (vocabularies up
-    # to SAMPLE_MAX_VOCAB; larger ones keep the torch step): on the H200, TPOT 0.739 against
-    # 0.768 ms with temperature 0.7 and top-p 0.9 (docs/perf/h200/targets-2.md)
+    # "kernel", `sample_step`, one program a row that finds the thresholds by bisection
+    # (vocabularies up to SAMPLE_MAX_VOCAB): on the H200, TPOT 0.739 against 0.768 ms with
+    # temperature 0.7 and top-p 0.9 (docs/perf/h200/targets-2.md), bound by its one SM;
+    # "split", `sample_step_split`, one program per 1024 logits of a row, the thresholds by radix
+    # selection over grid barriers, any vocabulary while every program of the launch fits on the
+    # GPU at once (`split_fits`; else the torch step). On an H100 "split" loses: TPOT 0.979
+    # against 0.877 ms for "kernel" (docs/perf/h100/targets-4.md)
     sampling: str = "kernel"
     # at batch 1, every layer in one persistent kernel (`decode_layers`): about one program per
     # SM (`persistent_per_sm`) alive for the whole step, its phases separated by grid barriers
@@ -194,8 +199,8 @@ class LaunchPolicy:
         if self.head_range < 0 or self.head_range % self.head_block_t:
             raise ValueError(f"head_range must be 0 or a multiple of head_block_t ({self.head_block_t}), "
                              f"not {self.head_range}")
-        if self.sampling not in ("torch", "kernel"):
-            raise ValueError(f"sampling must be 'torch' or 'kernel', not {self.sampling!r}")
+        if self.sampling not in SAMPLING_KERNELS:
+            raise ValueError(f"sampling must be one of {list(SAMPLING_KERNELS)}, not {self.sampling!r}")
         if self.persistent_per_sm < 1:
             raise ValueError(f"persistent_per_sm must be at least 1, not {self.persistent_per_sm}")
         if self.attention not in (*ATTENTION_KERNELS, "auto"):
