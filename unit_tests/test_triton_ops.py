@@ -570,6 +570,22 @@ def test_the_sampling_kernels_draw_what_the_sorted_torch_step_draws(kernels, nam
     assert kernels.barrier_errors(DEVICE) == 0
 
 
+def test_the_split_sampling_kernel_phase_by_phase_draws_the_same_and_refuses_a_phase_it_lacks(kernels):
+    """Each phase a launch of its own (how its phases are timed alone, and how the interpreter
+    runs it): the same token as `pick`; the maximum, 4 top-p rounds and the race are 6 phases."""
+    from inferlab.decode.sampling import SamplingConfig
+    from inferlab.fast.engine import pick
+
+    sampling = SamplingConfig(greedy=False, temperature=0.7, top_p=0.9)
+    step = sampler(kernels, "split", 1000)
+    assert kernels.split_phases(sampling, 1000) == 6
+    logits, uniform, embed, hidden, tokens, out, position = sample_case(kernels, 2, 1000, 8, 10, 5)
+    step(logits, sampling, uniform, embed, hidden, tokens, out, position, 10, phases=range(6))
+    assert tokens[:, 0].tolist() == pick(logits, sampling, uniform).tolist() and position.tolist() == [13]
+    with pytest.raises(ValueError, match="phases 0 to 5, not 6"):
+        step(logits, sampling, uniform, embed, hidden, tokens, out, position, 10, phases=[6])
+
+
 @pytest.mark.parametrize("kind", ["row", "split"])
 def test_the_sampling_kernels_keep_the_nucleus_and_the_top_k_ties_and_nothing_else(kernels, kind):
     """The race is rigged: the uniform draw of one token is 1 - 1e-7 (its race value is ~1e7 x

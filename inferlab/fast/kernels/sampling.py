@@ -31,6 +31,8 @@ from the histograms they stored.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import triton
 import triton.language as tl
@@ -330,13 +332,17 @@ def sample_step_split(
     chunk: int = CHUNK,
     sub: int = SUB,
     poll_loads: bool = True,
+    phases: Sequence[int] | None = None,
 ) -> None:
     """Same contract as `inferlab.fast.kernels.sample_step`, over `split_programs(V, chunk)`
     programs a row that meet at grid barriers: one launch on a GPU, one per phase under the
     interpreter. On a GPU every program must be resident at once (`split_fits`); a wait that
     gives up counts in `barrier_errors`. `sub`: logits a tile of a program's pass (a power of two
     that divides `chunk`). `poll_loads`: the barriers poll with volatile loads, not atomics
-    (`inferlab.fast.kernels.grid._grid_wait`)."""
+    (`inferlab.fast.kernels.grid._grid_wait`). `phases`: launch only these phases, one launch
+    each, without barriers (as under the interpreter); a phase reads the earlier phases'
+    conclusions from the histograms they stored, so they must have run on the same logits and
+    draws before: to time each phase alone (``perf_tests/scripts/sampling_kernels.py``)."""
     M, V = logits.shape
     H = embed.shape[1]
     assert logits.dtype == torch.float32 and uniform.shape == logits.shape and uniform.dtype == torch.float32
@@ -344,18 +350,21 @@ def sample_step_split(
     assert out.stride(1) == 1 and chunk % sub == 0
     top_k, top_p = _thresholds(sampling, V)
     P = split_programs(V, chunk)
-    phases = split_phases(sampling, V)
+    count = split_phases(sampling, V)
     device = logits.device
-    part, bar, arrivals = kept(("sample-split", device, M, P, phases), lambda: (
-        torch.zeros(M, phases, P, BINS, device=device, dtype=torch.float32),
+    part, bar, arrivals = kept(("sample-split", device, M, P, count), lambda: (
+        torch.zeros(M, count, P, BINS, device=device, dtype=torch.float32),
         torch.zeros(M, device=device, dtype=torch.int32), torch.zeros(1, device=device, dtype=torch.int32)))
     operands = (logits, uniform, embed, hidden, tokens, out, position, arrivals, part, bar, wait_errors(device), M,
                 out.stride(0), first_position, float(sampling.temperature), top_p, top_k)
     flags = dict(V=V, H=H, P=P, PP=triton.next_power_of_2(P), CHUNK=chunk, SUB=sub, PB=min(PARTIAL_BLOCK, triton.next_power_of_2(P)),
                  BLOCK_H=1024, ROUNDS=ROUNDS, TEMPERATURE=sampling.temperature != 1.0, TOP_K=top_k > 0, TOP_P=top_p < 1.0,
                  ONE_ROW=M == 1, SPIN=SPIN_LIMIT, POLL_LOADS=poll_loads, num_warps=SPLIT_WARPS)
-    if interpreted():  # programs run one after another here: a barrier would never open
-        for phase in range(phases):
-            _sample_split_kernel[(P, M)](*operands, phase, phase + 1, SYNC=False, **flags)
+    if phases is None and not interpreted():
+        _sample_split_kernel[(P, M)](*operands, 0, count, SYNC=True, **flags)
         return
-    _sample_split_kernel[(P, M)](*operands, 0, phases, SYNC=True, **flags)
+    # one launch a phase: under the interpreter, programs run one after another and a barrier would never open
+    for phase in range(count) if phases is None else phases:
+        if not 0 <= phase < count:
+            raise ValueError(f"this sampling has phases 0 to {count - 1}, not {phase}")
+        _sample_split_kernel[(P, M)](*operands, phase, phase + 1, SYNC=False, **flags)
