@@ -40,7 +40,7 @@ import triton.language as tl
 from inferlab.decode.sampling import SamplingConfig
 from inferlab.fast.kernels.grid import SPIN_LIMIT, _grid_arrive, _grid_wait, interpreted, wait_errors
 from inferlab.fast.kernels.launch import kept
-from inferlab.fast.kernels.step import _finish_step
+from inferlab.fast.kernels.step import _finish_step, thresholds
 
 CHUNK, SUB = 1024, 256  # logits a program; logits a tile of its pass
 BINS, ROUNDS = 256, 4  # 8 key bits a round, 32 bits
@@ -308,14 +308,8 @@ def split_fits(rows: int, vocab: int, sms: int, chunk: int = CHUNK) -> bool:
 
 def split_phases(sampling: SamplingConfig, vocab: int) -> int:
     """Phases of a launch: top-k's rounds, the maximum, top-p's rounds (or the sum), the race."""
-    top_k, top_p = _thresholds(sampling, vocab)
+    top_k, top_p = thresholds(sampling, vocab)
     return ROUNDS * (top_k > 0) + 1 + (ROUNDS if top_p < 1.0 else 1) + 1
-
-
-def _thresholds(sampling: SamplingConfig, vocab: int) -> tuple[int, float]:
-    top_k = min(sampling.top_k, vocab) if sampling.top_k is not None else 0
-    top_p = float(sampling.top_p) if sampling.top_p is not None and sampling.top_p < 1.0 else 1.0
-    return top_k, top_p
 
 
 def sample_step_split(
@@ -348,7 +342,7 @@ def sample_step_split(
     assert logits.dtype == torch.float32 and uniform.shape == logits.shape and uniform.dtype == torch.float32
     assert logits.is_contiguous() and uniform.is_contiguous() and embed.is_contiguous() and hidden.is_contiguous()
     assert out.stride(1) == 1 and chunk % sub == 0
-    top_k, top_p = _thresholds(sampling, V)
+    top_k, top_p = thresholds(sampling, V)
     P = split_programs(V, chunk)
     count = split_phases(sampling, V)
     device = logits.device

@@ -162,6 +162,13 @@ def sample_warps(block: int) -> int:
     return min(32, max(4, block // 1024))
 
 
+def thresholds(sampling: SamplingConfig, vocab: int) -> tuple[int, float]:
+    """The sampling kernels' (top_k, top_p): 0 for no top-k, 1.0 for no top-p."""
+    top_k = min(sampling.top_k, vocab) if sampling.top_k is not None else 0
+    top_p = float(sampling.top_p) if sampling.top_p is not None and sampling.top_p < 1.0 else 1.0
+    return top_k, top_p
+
+
 def sample_step(
     logits: torch.Tensor,
     sampling: SamplingConfig,
@@ -186,8 +193,7 @@ def sample_step(
     assert logits.dtype == torch.float32 and uniform.shape == logits.shape and uniform.dtype == torch.float32
     assert logits.is_contiguous() and uniform.is_contiguous() and embed.is_contiguous() and hidden.is_contiguous()
     assert out.stride(1) == 1
-    top_k = min(sampling.top_k, V) if sampling.top_k is not None else 0
-    top_p = float(sampling.top_p) if sampling.top_p is not None and sampling.top_p < 1.0 else 1.0
+    top_k, top_p = thresholds(sampling, V)
     block = triton.next_power_of_2(V)
     arrivals, = kept(("sample", logits.device), lambda: (torch.zeros(1, device=logits.device, dtype=torch.int32),))
     _sample_step_kernel[(M,)](
