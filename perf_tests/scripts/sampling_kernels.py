@@ -10,9 +10,11 @@ For each vocabulary (`--vocab`) and row count (`--rows`), fp32 logits spread lik
   kernel of one program a row (`sample_step`, where the vocabulary fits it) and the split kernel
   (`sample_step_split`, where its grid fits the GPU), their tokens checked against
   `inferlab.fast.engine.pick` on the same draws first;
-- the split kernel's phases, each launched alone without barriers (after a whole launch has
-  stored every phase's histograms; a phase reads the earlier ones' conclusions from them): what
-  a pass and its decision cost, and, against the whole kernel, what the barriers add.
+- the split kernel's phases, each launched alone without barriers, after a whole launch has
+  stored every phase's histograms. A phase alone is its pass over the logits plus the earlier
+  phases' conclusions drawn again from their histograms: phase i alone minus phase i - 1 alone
+  is what one more conclusion and the change of pass cost; the sum of the phases against the
+  whole kernel bounds what the barriers add.
 
 Each time is a CUDA graph of the launch replayed between CUDA events
 (`inferlab.measure.graph_timing.time_per_launch_us`): no host launch cost in the figure.
