@@ -8,8 +8,9 @@ For each vocabulary (`--vocab`) and row count (`--rows`), fp32 logits spread lik
 - the greedy step (`greedy_step`);
 - for each sampling setting (temperature 0.7; with top-p 0.9; with top-k 50; with both): the
   kernel of one program a row (`sample_step`, where the vocabulary fits it) and the split kernel
-  (`sample_step_split`, where its grid fits the GPU), their tokens checked against
-  `inferlab.fast.engine.pick` on the same draws first;
+  (`sample_step_split`) in each shape of `--chunk` logits and `--warps` warps a program where
+  its grid fits the GPU, their tokens checked against `inferlab.fast.engine.pick` on the same
+  draws first;
 - the split kernel's phases, each launched alone without barriers, after a whole launch has
   stored every phase's histograms. A phase alone is its pass over the logits plus the earlier
   phases' conclusions drawn again from their histograms: phase i alone minus phase i - 1 alone
@@ -80,8 +81,9 @@ def timed_us(launches: list, b: dict, device: torch.device) -> float | None:
     return time_per_launch_us(launches, replays=20, repeats=5)
 
 
-def measure(vocab: int, rows: int, hidden: int, device: torch.device, chunk: int) -> list[dict]:
-    """Every kernel and setting for one vocabulary and row count, as rows of the results."""
+def measure(vocab: int, rows: int, hidden: int, device: torch.device, shapes: list[tuple[int, int]]) -> list[dict]:
+    """Every kernel and setting for one vocabulary and row count, the split kernel in each
+    (chunk, warps) of `shapes`, as rows of the results."""
     from inferlab.decode.sampling import SamplingConfig
     from inferlab.fast import kernels
 
@@ -103,14 +105,17 @@ def measure(vocab: int, rows: int, hidden: int, device: torch.device, chunk: int
             call = step_call(kernels.sample_step, sampling, b)
             equal = draws_as_pick(call, sampling, b)
             record(setting=name, kernel="one program a row", us=timed_us([call], b, device), tokens_equal=equal)
-        if not kernels.split_fits(rows, vocab, sms, chunk):
-            continue
-        call = step_call(kernels.sample_step_split, sampling, b, chunk=chunk)
-        equal = draws_as_pick(call, sampling, b)
-        record(setting=name, kernel="split", us=timed_us([call], b, device), tokens_equal=equal)
-        for phase in range(kernels.split_phases(sampling, vocab)):  # the histograms of every phase are stored
-            alone = step_call(kernels.sample_step_split, sampling, b, chunk=chunk, phases=[phase])
-            record(setting=name, kernel=f"split, phase {phase} alone", us=timed_us([alone], b, device))
+        for chunk, warps in shapes:
+            if not kernels.split_fits(rows, vocab, sms, chunk, warps):
+                continue
+            shape = dict(chunk=chunk, warps=warps)
+            label = f"split {chunk}/{warps}w"
+            call = step_call(kernels.sample_step_split, sampling, b, **shape)
+            equal = draws_as_pick(call, sampling, b)
+            record(setting=name, kernel=label, us=timed_us([call], b, device), tokens_equal=equal, **shape)
+            for phase in range(kernels.split_phases(sampling, vocab)):  # the histograms of every phase are stored
+                alone = step_call(kernels.sample_step_split, sampling, b, phases=[phase], **shape)
+                record(setting=name, kernel=f"{label}, phase {phase} alone", us=timed_us([alone], b, device), **shape)
     return found
 
 
@@ -120,19 +125,20 @@ def main() -> int:
     parser.add_argument("--vocab", default="32000,49152", help="vocabularies, comma-separated")
     parser.add_argument("--rows", default="1,4", help="rows (the batch), comma-separated")
     parser.add_argument("--hidden", type=int, default=2048, help="the embedding rows' width")
-    parser.add_argument("--chunk", type=int, default=1024, help="logits a program of the split kernel")
+    parser.add_argument("--chunk", default="1024", help="logits a program of the split kernel, comma-separated")
+    parser.add_argument("--warps", default="4", help="warps a program of the split kernel, comma-separated")
     parser.add_argument("--device", default="cuda", help="cuda, or cpu (Triton's interpreter: the tokens, no times)")
     args = parser.parse_args()
     try:
-        vocabularies = [int(v) for v in args.vocab.split(",")]
-        row_counts = [int(r) for r in args.rows.split(",")]
+        vocabularies, row_counts, chunks, warps = ([int(v) for v in text.split(",")]
+                                                   for text in (args.vocab, args.rows, args.chunk, args.warps))
     except ValueError:
-        print(f"sampling_kernels: --vocab and --rows take comma-separated integers, not {args.vocab!r} and "
-              f"{args.rows!r}", file=sys.stderr)
+        print("sampling_kernels: --vocab, --rows, --chunk and --warps take comma-separated integers", file=sys.stderr)
         return 2
-    if min(vocabularies + row_counts) < 1 or args.chunk < 256 or args.chunk & (args.chunk - 1):
-        print("sampling_kernels: --vocab and --rows must be positive, --chunk a power of two of at least 256",
-              file=sys.stderr)
+    if (min(vocabularies + row_counts) < 1 or any(c < 256 or c & (c - 1) for c in chunks)
+            or any(w not in (1, 2, 4, 8, 16, 32) for w in warps)):
+        print("sampling_kernels: --vocab and --rows must be positive, --chunk powers of two of at least 256, "
+              "--warps powers of two up to 32", file=sys.stderr)
         return 2
     if args.device == "cpu":
         os.environ["TRITON_INTERPRET"] = "1"  # before Triton is imported
@@ -150,10 +156,9 @@ def main() -> int:
     found = []
     for vocab in vocabularies:
         for rows in row_counts:
-            found += measure(vocab, rows, args.hidden, device, args.chunk)
+            found += measure(vocab, rows, args.hidden, device, [(c, w) for c in chunks for w in warps])
     barrier_errors = kernels.barrier_errors(device) if device.type == "cuda" else 0
-    write_json_atomic(out / "sampling.json", {"environment": env, "chunk": args.chunk, "barrier_errors": barrier_errors,
-                                              "rows": found})
+    write_json_atomic(out / "sampling.json", {"environment": env, "barrier_errors": barrier_errors, "rows": found})
     if barrier_errors:
         print("sampling_kernels: a grid barrier gave up waiting (the split kernel's programs were not all resident): "
               "its times mean nothing", file=sys.stderr)

@@ -45,7 +45,9 @@ from inferlab.fast.kernels.step import _finish_step, thresholds
 CHUNK, SUB = 1024, 256  # logits a program; logits a tile of its pass
 BINS, ROUNDS = 256, 4  # 8 key bits a round, 32 bits
 SPLIT_WARPS = 4
-PROGRAMS_PER_SM = 4  # the grid that `split_fits` accepts: 4 programs of 4 warps an SM (by threads 16 would fit)
+# registers an SM over the registers of a warp at 128 a thread (the kernel takes 96-116 at 4
+# warps on sm_90, `inferlab.fast.aot`): the warps of resident programs `split_fits` accepts an SM
+RESIDENT_WARPS = 65536 // (128 * 32)
 PARTIAL_BLOCK = 32  # programs' histograms summed a block at a time
 
 
@@ -300,10 +302,10 @@ def split_programs(vocab: int, chunk: int = CHUNK) -> int:
     return -(-vocab // chunk)
 
 
-def split_fits(rows: int, vocab: int, sms: int, chunk: int = CHUNK) -> bool:
+def split_fits(rows: int, vocab: int, sms: int, chunk: int = CHUNK, warps: int = SPLIT_WARPS) -> bool:
     """Whether every program of a launch for `rows` rows can be resident at once (a grid barrier
-    needs it): at most PROGRAMS_PER_SM programs an SM."""
-    return rows * split_programs(vocab, chunk) <= sms * PROGRAMS_PER_SM
+    needs it): at most RESIDENT_WARPS warps of programs an SM (4 programs of 4 warps)."""
+    return rows * split_programs(vocab, chunk) <= sms * max(1, RESIDENT_WARPS // warps)
 
 
 def split_phases(sampling: SamplingConfig, vocab: int) -> int:
@@ -327,6 +329,7 @@ def sample_step_split(
     sub: int = SUB,
     poll_loads: bool = True,
     phases: Sequence[int] | None = None,
+    warps: int = SPLIT_WARPS,
 ) -> None:
     """Same contract as `inferlab.fast.kernels.sample_step`, over `split_programs(V, chunk)`
     programs a row that meet at grid barriers: one launch on a GPU, one per phase under the
@@ -336,7 +339,9 @@ def sample_step_split(
     (`inferlab.fast.kernels.grid._grid_wait`). `phases`: launch only these phases, one launch
     each, without barriers (as under the interpreter); a phase reads the earlier phases'
     conclusions from the histograms they stored, so they must have run on the same logits and
-    draws before: to time each phase alone (``perf_tests/scripts/sampling_kernels.py``)."""
+    draws before: to time each phase alone (``perf_tests/scripts/sampling_kernels.py``). `warps`:
+    a program's warps (more hide more latency in a pass; `split_fits` with the same warps says
+    whether the grid fits)."""
     M, V = logits.shape
     H = embed.shape[1]
     assert logits.dtype == torch.float32 and uniform.shape == logits.shape and uniform.dtype == torch.float32
@@ -353,7 +358,7 @@ def sample_step_split(
                 out.stride(0), first_position, float(sampling.temperature), top_p, top_k)
     flags = dict(V=V, H=H, P=P, PP=triton.next_power_of_2(P), CHUNK=chunk, SUB=sub, PB=min(PARTIAL_BLOCK, triton.next_power_of_2(P)),
                  BLOCK_H=1024, ROUNDS=ROUNDS, TEMPERATURE=sampling.temperature != 1.0, TOP_K=top_k > 0, TOP_P=top_p < 1.0,
-                 ONE_ROW=M == 1, SPIN=SPIN_LIMIT, POLL_LOADS=poll_loads, num_warps=SPLIT_WARPS)
+                 ONE_ROW=M == 1, SPIN=SPIN_LIMIT, POLL_LOADS=poll_loads, num_warps=warps)
     if phases is None and not interpreted():
         _sample_split_kernel[(P, M)](*operands, 0, count, SYNC=True, **flags)
         return
