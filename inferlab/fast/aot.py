@@ -185,7 +185,7 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         flags = dict(V=vocab, H=hidden, P=programs, PP=1 << (programs - 1).bit_length(), CHUNK=kernels.SPLIT_CHUNK,
                      SUB=kernels.sampling.SUB, PB=kernels.sampling.PARTIAL_BLOCK, BLOCK_H=1024,
                      ROUNDS=kernels.sampling.ROUNDS, TEMPERATURE=True, TOP_K=top_k, TOP_P=top_p, ONE_ROW=False,
-                     SYNC=True, SPIN=kernels.grid.SPIN_LIMIT, POLL_LOADS=True)
+                     SYNC=True, SPIN=kernels.grid.SPIN_LIMIT)
         cases.append((f"split sample vocab {vocab}{' top-k' if top_k else ''}{' top-p' if top_p else ''}",
                       kernels.sampling._sample_split_kernel, split_sample, flags,
                       dict(num_warps=kernels.sampling.SPLIT_WARPS)))

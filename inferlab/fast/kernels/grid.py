@@ -25,30 +25,21 @@ def _grid_arrive(bar_ptr):
 
 
 @triton.jit
-def _grid_wait(bar_ptr, err_ptr, target, SPIN: tl.constexpr, POLL_LOADS: tl.constexpr = False):
+def _grid_wait(bar_ptr, err_ptr, target, SPIN: tl.constexpr):
     """Wait until the count reaches `target`; after SPIN polls, count an error in err_ptr and go on.
     Once one wait has given up, every later one (in this launch or the next) gives up at once, so
     a grid that cannot be resident costs about one SPIN, not one per barrier, and is reported.
-
-    Each poll is an atomic read-modify-write with acquire semantics; with POLL_LOADS a plain
-    volatile load (read from L2, no atomic queued behind the other programs' polls), and one
-    acquire once the count is reached."""
+    (Polling by volatile loads instead of atomics changed nothing: docs/perf/h100/targets-4.md.)"""
     errors = tl.load(err_ptr, volatile=True)  # issued before the acquire, so the two loads overlap
+    count = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
     polls = tl.where(errors > 0, SPIN, 0)
-    if POLL_LOADS:
-        count = tl.load(bar_ptr, volatile=True)
-        while (count < target) & (polls < SPIN):
-            count = tl.load(bar_ptr, volatile=True)
-            polls += 1
-        count = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")  # orders the reads after the wait
-    else:
+    while (count < target) & (polls < SPIN):
         count = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-        while (count < target) & (polls < SPIN):
-            count = tl.atomic_add(bar_ptr, 0, sem="acquire", scope="gpu")
-            polls += 1
+        polls += 1
     if count < target:
         tl.atomic_add(err_ptr, 1)
     tl.debug_barrier()
+
 
 def interpreted() -> bool:
     """Under Triton's interpreter (programs one after another: a barrier would never open)."""

@@ -197,11 +197,10 @@ def _first_values(phase_ptr, P: tl.constexpr, PP: tl.constexpr):
 
 
 @triton.jit
-def _meet(bar_ptr, err_ptr, ph: tl.constexpr, P: tl.constexpr, SYNC: tl.constexpr, SPIN: tl.constexpr,
-          POLL_LOADS: tl.constexpr):
+def _meet(bar_ptr, err_ptr, ph: tl.constexpr, P: tl.constexpr, SYNC: tl.constexpr, SPIN: tl.constexpr):
     if SYNC:
         _grid_arrive(bar_ptr)
-        _grid_wait(bar_ptr, err_ptr, (ph + 1) * P, SPIN, POLL_LOADS)
+        _grid_wait(bar_ptr, err_ptr, (ph + 1) * P, SPIN)
 
 
 @triton.jit
@@ -210,7 +209,7 @@ def _sample_split_kernel(
     err_ptr, M, out_stride, first_position, temperature, top_p, top_k, phase_first, phase_last,
     V: tl.constexpr, H: tl.constexpr, P: tl.constexpr, PP: tl.constexpr, CHUNK: tl.constexpr, SUB: tl.constexpr,
     PB: tl.constexpr, BLOCK_H: tl.constexpr, ROUNDS: tl.constexpr, TEMPERATURE: tl.constexpr, TOP_K: tl.constexpr,
-    TOP_P: tl.constexpr, ONE_ROW: tl.constexpr, SYNC: tl.constexpr, SPIN: tl.constexpr, POLL_LOADS: tl.constexpr,
+    TOP_P: tl.constexpr, ONE_ROW: tl.constexpr, SYNC: tl.constexpr, SPIN: tl.constexpr,
 ):
     """Program (j, m): logits [j CHUNK, (j + 1) CHUNK) of row m, phases [phase_first, phase_last)
     (all of them with SYNC; the conclusions of earlier phases are read back from part_ptr). A
@@ -236,7 +235,7 @@ def _sample_split_kernel(
             if (phase_first <= r) & (r < phase_last):
                 _top_k_partial(row_part + (r * P + j) * 256, logits_ptr, row, base, temperature, prefix, V, CHUNK,
                                SUB, 24 - 8 * r, TEMPERATURE)
-                _meet(row_bar, err_ptr, r, P, SYNC, SPIN, POLL_LOADS)
+                _meet(row_bar, err_ptr, r, P, SYNC, SPIN)
             if concluding | (r < phase_first):
                 prefix, below, above, here = _radix_decide(row_part + r * P * 256, prefix, below, above, 0.0, P, PB,
                                                            False)
@@ -246,7 +245,7 @@ def _sample_split_kernel(
     if (phase_first <= MAX_PHASE) & (MAX_PHASE < phase_last):
         _max_partial(row_part + (MAX_PHASE * P + j) * 256, logits_ptr, row, base, temperature, top_k_key, V, CHUNK,
                      SUB, TEMPERATURE, TOP_K)
-        _meet(row_bar, err_ptr, MAX_PHASE, P, SYNC, SPIN, POLL_LOADS)
+        _meet(row_bar, err_ptr, MAX_PHASE, P, SYNC, SPIN)
     if concluding | (MAX_PHASE < phase_first):
         values, real = _first_values(row_part + MAX_PHASE * P * 256, P, PP)
         row_max = tl.max(tl.where(real, values, float("-inf")), axis=0)
@@ -263,7 +262,7 @@ def _sample_split_kernel(
             if (phase_first <= ph) & (ph < phase_last):
                 _top_p_partial(row_part + (ph * P + j) * 256, logits_ptr, row, base, temperature, top_k_key, row_max,
                                prefix, V, CHUNK, SUB, 24 - 8 * r, TEMPERATURE, TOP_K)
-                _meet(row_bar, err_ptr, ph, P, SYNC, SPIN, POLL_LOADS)
+                _meet(row_bar, err_ptr, ph, P, SYNC, SPIN)
             if concluding | (ph < phase_first):  # every weight is in the first round's bins: the total
                 prefix, below, above, here = _radix_decide(row_part + ph * P * 256, prefix, below, above, top_p, P,
                                                            PB, r == 0)
@@ -274,7 +273,7 @@ def _sample_split_kernel(
         if (phase_first <= SUM) & (SUM < phase_last):
             _sum_partial(row_part + (SUM * P + j) * 256, logits_ptr, row, base, temperature, top_k_key, row_max, V,
                          CHUNK, SUB, TEMPERATURE, TOP_K)
-            _meet(row_bar, err_ptr, SUM, P, SYNC, SPIN, POLL_LOADS)
+            _meet(row_bar, err_ptr, SUM, P, SYNC, SPIN)
         if concluding | (SUM < phase_first):
             values, real = _first_values(row_part + SUM * P * 256, P, PP)
             kept_total = tl.sum(values, axis=0)
@@ -327,7 +326,6 @@ def sample_step_split(
     *,
     chunk: int = CHUNK,
     sub: int = SUB,
-    poll_loads: bool = True,
     phases: Sequence[int] | None = None,
     warps: int = SPLIT_WARPS,
 ) -> None:
@@ -335,13 +333,11 @@ def sample_step_split(
     programs a row that meet at grid barriers: one launch on a GPU, one per phase under the
     interpreter. On a GPU every program must be resident at once (`split_fits`); a wait that
     gives up counts in `barrier_errors`. `sub`: logits a tile of a program's pass (a power of two
-    that divides `chunk`). `poll_loads`: the barriers poll with volatile loads, not atomics
-    (`inferlab.fast.kernels.grid._grid_wait`). `phases`: launch only these phases, one launch
-    each, without barriers (as under the interpreter); a phase reads the earlier phases'
-    conclusions from the histograms they stored, so they must have run on the same logits and
-    draws before: to time each phase alone (``perf_tests/scripts/sampling_kernels.py``). `warps`:
-    a program's warps (more hide more latency in a pass; `split_fits` with the same warps says
-    whether the grid fits)."""
+    that divides `chunk`). `phases`: launch only these phases, one launch each, without barriers
+    (as under the interpreter); a phase reads the earlier phases' conclusions from the histograms
+    they stored, so they must have run on the same logits and draws before: to time each phase
+    alone (``perf_tests/scripts/sampling_kernels.py``). `warps`: a program's warps (`split_fits`
+    with the same warps says whether the grid fits)."""
     M, V = logits.shape
     H = embed.shape[1]
     assert logits.dtype == torch.float32 and uniform.shape == logits.shape and uniform.dtype == torch.float32
@@ -358,7 +354,7 @@ def sample_step_split(
                 out.stride(0), first_position, float(sampling.temperature), top_p, top_k)
     flags = dict(V=V, H=H, P=P, PP=triton.next_power_of_2(P), CHUNK=chunk, SUB=sub, PB=min(PARTIAL_BLOCK, triton.next_power_of_2(P)),
                  BLOCK_H=1024, ROUNDS=ROUNDS, TEMPERATURE=sampling.temperature != 1.0, TOP_K=top_k > 0, TOP_P=top_p < 1.0,
-                 ONE_ROW=M == 1, SPIN=SPIN_LIMIT, POLL_LOADS=poll_loads, num_warps=warps)
+                 ONE_ROW=M == 1, SPIN=SPIN_LIMIT, num_warps=warps)
     if phases is None and not interpreted():
         _sample_split_kernel[(P, M)](*operands, 0, count, SYNC=True, **flags)
         return
