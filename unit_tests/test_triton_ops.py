@@ -616,6 +616,51 @@ def test_the_sampling_kernels_keep_the_nucleus_and_the_top_k_ties_and_nothing_el
     assert [winner(t, top_k) for t in (1, 2, 3)] == [1, 2, 0]
 
 
+@pytest.mark.parametrize("candidates", [0, 1, 4, 8])
+def test_the_sampling_kernel_takes_the_first_race_winner_in_the_nucleus_or_falls_back_to_its_threshold(
+        kernels, candidates):
+    """Top-p by candidates (`LaunchPolicy.sample_candidates`): the race's winners over the whole row
+    are checked for the nucleus in race order. The race is rigged so that the first five winners
+    are outside it (tokens 3-7, equal race values: taken in index order), then token 2 (inside),
+    then token 0. With fewer than 6 candidates none of them is found and the threshold's bisection
+    runs; with 8, the sixth candidate is the token. Each way the token is `pick`'s: 2."""
+    from inferlab.decode.sampling import SamplingConfig
+    from inferlab.fast.engine import pick
+
+    V = 64
+    probs = torch.full((V,), 1e-9)
+    probs[:8] = torch.tensor([0.5, 0.3, 0.15, 0.01, 0.01, 0.01, 0.01, 0.01])  # nucleus at 0.9: tokens 0, 1, 2
+    logits = torch.log(probs)[None].to(DEVICE)
+    uniform = torch.full((1, V), 0.5, device=DEVICE)
+    uniform[0, 3:8] = 1.0 - 1e-7  # race ~1e5 each
+    uniform[0, 2] = 0.99  # race ~15, above token 0's 0.72
+    sampling = SamplingConfig(greedy=False, top_p=0.9)
+    embed, hidden = draw(V, 4, seed=1), torch.zeros(1, 4, device=DEVICE)
+    tokens, out = torch.zeros(1, 1, dtype=torch.long, device=DEVICE), torch.zeros(1, 4, dtype=torch.long, device=DEVICE)
+    kernels.sample_step(logits, sampling, uniform, embed, hidden, tokens, out, torch.tensor([0], device=DEVICE), 0,
+                        candidates=candidates)
+    assert int(pick(logits, sampling, uniform)[0]) == 2 and int(tokens[0, 0]) == 2
+    with pytest.raises(ValueError, match="candidates must be 0 or more, not -1"):
+        kernels.sample_step(logits, sampling, uniform, embed, hidden, tokens, out, torch.tensor([0], device=DEVICE), 0,
+                            candidates=-1)
+
+
+@pytest.mark.parametrize("candidates", [0, 1])
+@pytest.mark.parametrize("name", ["top-p", "all", "top-p-narrow"])
+def test_top_p_by_candidates_or_by_bisection_draws_the_same_tokens(kernels, name, candidates):
+    """Over fresh draws of a real LM head's shape, top-p found by bisection alone, or after a
+    single candidate (the fallback whenever the race's winner is outside the nucleus: often at top-p
+    0.3), draws what `pick` draws, as the default (4 candidates) does in the test above them."""
+    from inferlab.decode.sampling import SamplingConfig
+    from inferlab.fast.engine import pick
+
+    sampling = SamplingConfig(greedy=False, **SAMPLINGS[name])
+    for seed in (20, 30, 40):
+        logits, uniform, embed, hidden, tokens, out, position = sample_case(kernels, 4, 1000, 8, 10, seed)
+        kernels.sample_step(logits, sampling, uniform, embed, hidden, tokens, out, position, 10, candidates=candidates)
+        assert tokens[:, 0].tolist() == pick(logits, sampling, uniform).tolist()
+
+
 def test_the_sampling_kernel_refuses_a_vocabulary_that_would_not_fit_its_registers(kernels):
     from inferlab.decode.sampling import SamplingConfig
 

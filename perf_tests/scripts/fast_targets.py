@@ -11,8 +11,9 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   at the reference shape and at prompt `--long-prompt`;
 - the fast engine at each `--batch-sizes` (from 4 rows also without the batched launches measured
   per matrix, `LaunchPolicy(rows={})`), at prompt `--long-prompt`, with temperature 0.7 and top-p
-  0.9 sampling (the step ending in the sampling kernel of one program a row, the default; in the
-  split sampling kernel, `LaunchPolicy(sampling="split")`; and in compiled torch ops,
+  0.9 sampling (the step ending in the sampling kernel of one program a row, the default; the
+  same with top-p found by bisection alone, `LaunchPolicy(sample_candidates=0)`; in the split
+  sampling kernel, `LaunchPolicy(sampling="split")`; and in compiled torch ops,
   `LaunchPolicy(sampling="torch")`), and on `--small-model` (the embedded SmolLM2, real weights)
   when it loads, there also without early loads, in the default launch shape instead of its own
   measured ones, and with `persistent` (every layer in one kernel).
@@ -96,9 +97,10 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found.append(Case(f"fast prompt {long_prompt}", "fast", model, prompt_length=long_prompt))
     found.append(Case(f"fast prompt {long_prompt} prefill as before", "fast", model, prompt_length=long_prompt,
                       options=before))
-    # the step ending in the sampling kernel of one program a row (the default), in the split
-    # sampling kernel, and in compiled torch ops
+    # the step ending in the sampling kernel of one program a row (the default; and with top-p
+    # by bisection alone), in the split sampling kernel, and in compiled torch ops
     found += [Case("fast sampled", "fast", model, sampling=SAMPLED),
+              Case("fast sampled bisection", "fast", model, sampling=SAMPLED, launch=(("sample_candidates", 0),)),
               Case("fast sampled split", "fast", model, sampling=SAMPLED, launch=(("sampling", "split"),)),
               Case("fast sampled torch", "fast", model, sampling=SAMPLED, launch=(("sampling", "torch"),))]
     if small_model:

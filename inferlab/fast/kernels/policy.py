@@ -44,6 +44,10 @@ ATTENTION_BLOCK_T = 128
 # context per SPLIT_POSITIONS cached positions, at most MAX_SPLITS ranges.
 SPLIT_BLOCK_T, SPLIT_POSITIONS, MAX_SPLITS = 16, 32, 64
 GREEDY_BLOCK_V, GREEDY_WARPS = 8192, 16
+# top-p in the sampling kernel of one program a row: the race's first winners over the whole row
+# checked for the nucleus, in race order, before its threshold is searched by bisection; each is
+# outside the nucleus with a chance of at most 1 - p
+SAMPLE_CANDIDATES = 4
 
 
 ATTENTION_KERNELS = {"head": "attention_decode", "split": "attention_decode_split"}
@@ -180,6 +184,10 @@ class LaunchPolicy:
     # GPU at once (`split_fits`; else the torch step). On an H100 "split" loses: TPOT 0.979
     # against 0.877 ms for "kernel" (docs/perf/h100/targets-4.md)
     sampling: str = "kernel"
+    # "kernel" with top-p: how many of the race's winners over the whole row are checked for the
+    # nucleus (one sum each) before its threshold is searched by bisection (up to 32 sums); 0
+    # searches it at once, as the kernel did before
+    sample_candidates: int = SAMPLE_CANDIDATES
     # at batch 1, every layer in one persistent kernel (`decode_layers`): about one program per
     # SM (`persistent_per_sm`) alive for the whole step, its phases separated by grid barriers
     # instead of kernel boundaries, so a step is three kernels (layers, LM head, greedy step)
@@ -201,6 +209,8 @@ class LaunchPolicy:
                              f"not {self.head_range}")
         if self.sampling not in SAMPLING_KERNELS:
             raise ValueError(f"sampling must be one of {list(SAMPLING_KERNELS)}, not {self.sampling!r}")
+        if self.sample_candidates < 0:
+            raise ValueError(f"sample_candidates must be 0 or more, not {self.sample_candidates}")
         if self.persistent_per_sm < 1:
             raise ValueError(f"persistent_per_sm must be at least 1, not {self.persistent_per_sm}")
         if self.attention not in (*ATTENTION_KERNELS, "auto"):
