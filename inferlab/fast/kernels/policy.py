@@ -178,7 +178,8 @@ class LaunchPolicy:
     # inductor (0.089 ms a step on an H100 at vocabulary 32,000: docs/perf/h100/targets.md);
     # "kernel", `sample_step`, one program a row that finds the thresholds by bisection
     # (vocabularies up to SAMPLE_MAX_VOCAB): on the H200, TPOT 0.739 against 0.768 ms with
-    # temperature 0.7 and top-p 0.9 (docs/perf/h200/targets-2.md), bound by its one SM;
+    # temperature 0.7 and top-p 0.9 (docs/perf/h200/targets-2.md), bound by its one SM; with
+    # top-p by candidates (`sample_candidates`) 1.029x greedy on an H100 (h100/targets-5.md);
     # "split", `sample_step_split`, one program per 1024 logits of a row, the thresholds by radix
     # selection over grid barriers, any vocabulary while every program of the launch fits on the
     # GPU at once (`split_fits`; else the torch step). On an H100 "split" loses: TPOT 0.979
@@ -186,7 +187,9 @@ class LaunchPolicy:
     sampling: str = "kernel"
     # "kernel" with top-p: how many of the race's winners over the whole row are checked for the
     # nucleus (one sum each) before its threshold is searched by bisection (up to 32 sums); 0
-    # searches it at once, as the kernel did before
+    # searches it at once, as the kernel did before. On an H100 at top-p 0.9 the kernel alone
+    # takes 21.8 us with 4 against 58.3 us with 0, and 111 us when all 4 are outside
+    # (docs/perf/h100/targets-5.md)
     sample_candidates: int = SAMPLE_CANDIDATES
     # at batch 1, every layer in one persistent kernel (`decode_layers`): about one program per
     # SM (`persistent_per_sm`) alive for the whole step, its phases separated by grid barriers
