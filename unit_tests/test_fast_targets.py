@@ -35,7 +35,7 @@ def test_the_targets_follow_the_cases_that_run(script):
     assert [case.name for case in made] == [
         "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b1 prefill as before", "fast b4", "fast b8",
         "fast b4 rows={}", "fast b8 rows={}", "fast prompt 1920", "fast prompt 1920 prefill as before", "fast sampled",
-        "fast sampled bisection", "fast sampled top-k", "fast sampled top-k bisection", "fast sampled split", "fast sampled torch", "fast small",
+        "fast sampled bisection", "fast sampled split", "fast sampled torch", "fast small",
         "fast small no early_loads", "fast small default shapes", "fast small persistent"]
     launch = {case.name: case.launch for case in made}
     assert launch["fast sampled torch"] == (("sampling", "torch"),) and not launch["fast b1"]
@@ -65,7 +65,6 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert script.launch_policy(made["fast sampled torch"].launch).sampling == "torch"
     assert script.launch_policy(made["fast sampled split"].launch).sampling == "split"
     assert script.launch_policy(made["fast sampled bisection"].launch).sample_candidates == 0
-    assert made["fast sampled top-k"].sampling.top_k == 50 and made["fast sampled top-k"].sampling.top_p is None
     assert kernels.DEFAULT_POLICY.sample_candidates == kernels.SAMPLE_CANDIDATES > 0
     assert kernels.DEFAULT_POLICY.sampling == "kernel" and kernels.DEFAULT_POLICY.early_loads
 
@@ -81,8 +80,8 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
     assert set(saved["results"]) == {"fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b2",
                                      "fast b1 prefill as before", "fast prompt 24 prefill as before",
                                      "fast b4", "fast b4 rows={}", "fast prompt 24",
-                                     "fast sampled", "fast sampled bisection", "fast sampled top-k",
-                                     "fast sampled top-k bisection", "fast sampled split", "fast sampled torch"}
+                                     "fast sampled", "fast sampled bisection", "fast sampled split",
+                                     "fast sampled torch"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]
     assert {row["verdict"] for row in saved["verdicts"]} <= {"met", "missed"}
     check = saved["correctness"]["tiny-random"]  # fp32 on the CPU: the fast engine's tokens are the eager loop's
@@ -101,8 +100,8 @@ def test_cases_picks_the_cases_by_name_and_a_bad_pattern_is_refused_in_one_line(
                           timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     saved = json.loads(next(tmp_path.glob("*-targets/targets.json")).read_text())
-    assert set(saved["results"]) == {"eager b1", "fast sampled", "fast sampled bisection", "fast sampled top-k",
-                                     "fast sampled top-k bisection", "fast sampled split", "fast sampled torch"}
+    assert set(saved["results"]) == {"eager b1", "fast sampled", "fast sampled bisection", "fast sampled split",
+                                     "fast sampled torch"}
 
 
 def test_bad_batch_sizes_are_refused_in_one_line(tmp_path):

@@ -616,16 +616,14 @@ def test_the_sampling_kernels_keep_the_nucleus_and_the_top_k_ties_and_nothing_el
     assert [winner(t, top_k) for t in (1, 2, 3)] == [1, 2, 0]
 
 
-@pytest.mark.parametrize("keep", ["top-p", "top-k"])
 @pytest.mark.parametrize("candidates", [0, 1, 4, 8])
-def test_the_sampling_kernel_takes_the_first_race_winner_kept_or_falls_back_to_its_threshold(
-        kernels, candidates, keep):
-    """Top-p, or top-k alone, by candidates (`LaunchPolicy.sample_candidates`): the race's winners
-    over the whole row are checked for the kept tokens in race order. The race is rigged so that
-    the first five winners are outside them (tokens 3-7, equal race values: taken in index order),
-    then token 2 (inside), then token 0. With fewer than 6 candidates none of them is found and
-    the threshold's bisection runs; with 8, the sixth candidate is the token. Each way the token
-    is `pick`'s: 2."""
+def test_the_sampling_kernel_takes_the_first_race_winner_in_the_nucleus_or_falls_back_to_its_threshold(
+        kernels, candidates):
+    """Top-p by candidates (`LaunchPolicy.sample_candidates`): the race's winners over the whole row
+    are checked for the nucleus in race order. The race is rigged so that the first five winners
+    are outside it (tokens 3-7, equal race values: taken in index order), then token 2 (inside),
+    then token 0. With fewer than 6 candidates none of them is found and the threshold's bisection
+    runs; with 8, the sixth candidate is the token. Each way the token is `pick`'s: 2."""
     from inferlab.decode.sampling import SamplingConfig
     from inferlab.fast.engine import pick
 
@@ -636,8 +634,7 @@ def test_the_sampling_kernel_takes_the_first_race_winner_kept_or_falls_back_to_i
     uniform = torch.full((1, V), 0.5, device=DEVICE)
     uniform[0, 3:8] = 1.0 - 1e-7  # race ~1e5 each
     uniform[0, 2] = 0.99  # race ~15, above token 0's 0.72
-    # the nucleus at 0.9, or the top 3: tokens 0, 1, 2
-    sampling = SamplingConfig(greedy=False, **({"top_p": 0.9} if keep == "top-p" else {"top_k": 3, "temperature": 0.9}))
+    sampling = SamplingConfig(greedy=False, top_p=0.9)
     embed, hidden = draw(V, 4, seed=1), torch.zeros(1, 4, device=DEVICE)
     tokens, out = torch.zeros(1, 1, dtype=torch.long, device=DEVICE), torch.zeros(1, 4, dtype=torch.long, device=DEVICE)
     kernels.sample_step(logits, sampling, uniform, embed, hidden, tokens, out, torch.tensor([0], device=DEVICE), 0,
@@ -649,12 +646,11 @@ def test_the_sampling_kernel_takes_the_first_race_winner_kept_or_falls_back_to_i
 
 
 @pytest.mark.parametrize("candidates", [0, 1])
-@pytest.mark.parametrize("name", ["top-p", "top-k", "all", "top-p-narrow"])
-def test_by_candidates_or_by_bisection_the_sampling_kernel_draws_the_same_tokens(kernels, name, candidates):
-    """Over fresh draws of a real LM head's shape, the thresholds found by bisection alone, or
-    after a single candidate (the fallback whenever the race's winner is not kept: often at top-p
-    0.3 and top-k 20), draw what `pick` draws, as the default (4 candidates) does in the tests
-    above."""
+@pytest.mark.parametrize("name", ["top-p", "all", "top-p-narrow"])
+def test_top_p_by_candidates_or_by_bisection_draws_the_same_tokens(kernels, name, candidates):
+    """Over fresh draws of a real LM head's shape, top-p found by bisection alone, or after a
+    single candidate (the fallback whenever the race's winner is outside the nucleus: often at top-p
+    0.3), draws what `pick` draws, as the default (4 candidates) does in the test above them."""
     from inferlab.decode.sampling import SamplingConfig
     from inferlab.fast.engine import pick
 

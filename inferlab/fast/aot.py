@@ -169,17 +169,16 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         cases.append((f"greedy step {'one row' if one_row else 'rows'}", kernels.step._greedy_step_kernel, greedy, flags,
                       dict(num_warps=kernels.GREEDY_WARPS)))
     sample = dict(greedy, uniform_ptr=fp32, weights_ptr=fp32, temperature="fp32", top_p="fp32", top_k="i32")
-    # TinyLlama's vocabulary, with and without top-k, top-k alone, and the largest the kernel
-    # takes (SAMPLE_MAX_VOCAB); by candidates first (the default) and by bisection alone
-    c = kernels.SAMPLE_CANDIDATES
+    # TinyLlama's vocabulary, with and without top-k, and the largest the kernel takes
+    # (SAMPLE_MAX_VOCAB); top-p by candidates first (the default) and by bisection alone
     for vocab, hidden, top_k, top_p, candidates in (
-            (32000, 2048, False, True, c), (32000, 2048, True, True, c), (32000, 2048, True, False, c),
-            (kernels.SAMPLE_MAX_VOCAB, 2048, True, True, c), (kernels.SAMPLE_MAX_VOCAB, 2048, True, False, c),
-            (32000, 2048, False, True, 0), (32000, 2048, True, True, 0)):
+            (32000, 2048, False, True, kernels.SAMPLE_CANDIDATES), (32000, 2048, True, True, kernels.SAMPLE_CANDIDATES),
+            (kernels.SAMPLE_MAX_VOCAB, 2048, True, True, kernels.SAMPLE_CANDIDATES), (32000, 2048, False, True, 0),
+            (32000, 2048, True, True, 0)):
         block = 1 << (vocab - 1).bit_length()
         flags = dict(V=vocab, H=hidden, BLOCK_V=block, BLOCK_H=1024, TEMPERATURE=True, TOP_K=top_k, TOP_P=top_p,
                      ONE_ROW=False, CANDIDATES=candidates)
-        cases.append((f"sample step vocab {vocab}{' top-k' if top_k else ''}{' top-p' if top_p else ''}"
+        cases.append((f"sample step vocab {vocab}{' top-k' if top_k else ''} top-p"
                       f"{f' {candidates} candidates' if candidates else ' bisection'}", kernels.step._sample_step_kernel,
                       sample, flags, dict(num_warps=kernels.sample_warps(block))))
     split_sample = dict(sample, part_ptr=fp32, bar_ptr=i32, err_ptr=i32, phase_first="i32", phase_last="i32")

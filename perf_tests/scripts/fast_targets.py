@@ -12,8 +12,8 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
 - the fast engine at each `--batch-sizes` (from 4 rows also without the batched launches measured
   per matrix, `LaunchPolicy(rows={})`), at prompt `--long-prompt`, with temperature 0.7 and top-p
   0.9 sampling (the step ending in the sampling kernel of one program a row, the default; the
-  same with top-p found by bisection alone, `LaunchPolicy(sample_candidates=0)`; with top-k 50
-  instead of top-p, both ways, no target; in the split sampling kernel, `LaunchPolicy(sampling="split")`; and in compiled torch ops,
+  same with top-p found by bisection alone, `LaunchPolicy(sample_candidates=0)`; in the split
+  sampling kernel, `LaunchPolicy(sampling="split")`; and in compiled torch ops,
   `LaunchPolicy(sampling="torch")`), and on `--small-model` (the embedded SmolLM2, real weights)
   when it loads, there also without early loads, in the default launch shape instead of its own
   measured ones, and with `persistent` (every layer in one kernel).
@@ -50,7 +50,6 @@ from inferlab.model.registry import load_model
 from inferlab.storage import new_run_folder, write_json_atomic
 
 SAMPLED = SamplingConfig(greedy=False, temperature=0.7, top_p=0.9)
-SAMPLED_TOP_K = SamplingConfig(greedy=False, temperature=0.7, top_k=50)  # transformers' default top-k, no target
 
 
 @dataclass(frozen=True)
@@ -102,9 +101,6 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # by bisection alone), in the split sampling kernel, and in compiled torch ops
     found += [Case("fast sampled", "fast", model, sampling=SAMPLED),
               Case("fast sampled bisection", "fast", model, sampling=SAMPLED, launch=(("sample_candidates", 0),)),
-              Case("fast sampled top-k", "fast", model, sampling=SAMPLED_TOP_K),
-              Case("fast sampled top-k bisection", "fast", model, sampling=SAMPLED_TOP_K,
-                   launch=(("sample_candidates", 0),)),
               Case("fast sampled split", "fast", model, sampling=SAMPLED, launch=(("sampling", "split"),)),
               Case("fast sampled torch", "fast", model, sampling=SAMPLED, launch=(("sampling", "torch"),))]
     if small_model:

@@ -7,9 +7,9 @@ For each vocabulary (`--vocab`) and row count (`--rows`), fp32 logits spread lik
 
 - the greedy step (`greedy_step`);
 - for each sampling setting (temperature 0.7; with top-p 0.9; with top-k 50; with both): the
-  kernel of one program a row (`sample_step`, where the vocabulary fits it; with top-p or top-k
-  also by bisection alone, `candidates=0`, and with the draws rigged so that every candidate it
-  checks first is outside the kept tokens, its slowest path) and the split kernel
+  kernel of one program a row (`sample_step`, where the vocabulary fits it; with top-p also by
+  bisection alone, `candidates=0`, and with the draws rigged so that every candidate it checks
+  first is outside the nucleus, its slowest path) and the split kernel
   (`sample_step_split`) in each shape of `--chunk` logits and `--warps` warps a program where
   its grid fits the GPU, their tokens checked against `inferlab.fast.engine.pick` on the same
   draws first;
@@ -74,16 +74,14 @@ def draws_as_pick(call, sampling, b: dict) -> bool:
 
 
 def outside_first(logits: torch.Tensor, uniform: torch.Tensor, sampling, count: int) -> torch.Tensor:
-    """The draws with each row's `count` likeliest tokens outside the set the candidates are
-    checked for (the nucleus, after top-k if any; else the top-k) brought to the front of the race
-    (their draws 1 - 1e-7): the kernel of one program a row then checks that many candidates in
-    vain and searches the threshold by bisection, its slowest path."""
+    """The draws with each row's `count` likeliest tokens outside the nucleus (kept by top-k)
+    brought to the front of the race (their draws 1 - 1e-7): the kernel of one program a row then
+    checks that many candidates in vain and searches the threshold by bisection, its slowest path."""
     from dataclasses import replace
 
     from inferlab.decode.sampling import warp
 
-    # what the candidates are drawn from: temperature and top-k with top-p; temperature alone without
-    before = warp(logits, replace(sampling, top_p=None) if sampling.top_p is not None else replace(sampling, top_k=None))
+    before = warp(logits, replace(sampling, top_p=None))  # temperature and top-k only
     outside = torch.isfinite(before) & ~torch.isfinite(warp(logits, sampling))
     chosen = torch.where(outside, before, float("-inf")).topk(count, dim=-1)
     rigged = uniform.clone()
@@ -126,8 +124,8 @@ def measure(vocab: int, rows: int, hidden: int, device: torch.device, shapes: li
             call = step_call(kernels.sample_step, sampling, b)
             equal = draws_as_pick(call, sampling, b)
             record(setting=name, kernel="one program a row", us=timed_us([call], b, device), tokens_equal=equal)
-            if sampling.top_p is not None or sampling.top_k is not None:
-                # by bisection alone; and by candidates where every one is outside the kept tokens
+            if sampling.top_p is not None:
+                # top-p by bisection alone; and by candidates where every one is outside the nucleus
                 call = step_call(kernels.sample_step, sampling, b, candidates=0)
                 equal = draws_as_pick(call, sampling, b)
                 record(setting=name, kernel="one program a row, bisection", us=timed_us([call], b, device),

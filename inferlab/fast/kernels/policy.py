@@ -44,10 +44,9 @@ ATTENTION_BLOCK_T = 128
 # context per SPLIT_POSITIONS cached positions, at most MAX_SPLITS ranges.
 SPLIT_BLOCK_T, SPLIT_POSITIONS, MAX_SPLITS = 16, 32, 64
 GREEDY_BLOCK_V, GREEDY_WARPS = 8192, 16
-# top-p (or top-k alone) in the sampling kernel of one program a row: the race's first winners
-# over the whole row checked for the kept tokens, in race order, before the threshold is searched
-# by bisection; each is outside the nucleus with a chance of at most 1 - p (outside the top-k, of
-# 1 - the top-k's mass)
+# top-p in the sampling kernel of one program a row: the race's first winners over the whole row
+# checked for the nucleus, in race order, before its threshold is searched by bisection; each is
+# outside the nucleus with a chance of at most 1 - p
 SAMPLE_CANDIDATES = 4
 
 
@@ -186,9 +185,9 @@ class LaunchPolicy:
     # GPU at once (`split_fits`; else the torch step). On an H100 "split" loses: TPOT 0.979
     # against 0.877 ms for "kernel" (docs/perf/h100/targets-4.md)
     sampling: str = "kernel"
-    # "kernel" with top-p, or top-k alone: how many of the race's winners over the whole row are
-    # checked for the kept tokens (one sum each) before the threshold is searched by bisection
-    # (up to 32 sums); 0 searches it at once, as the kernel did before. On an H100 at top-p 0.9 the kernel alone
+    # "kernel" with top-p: how many of the race's winners over the whole row are checked for the
+    # nucleus (one sum each) before its threshold is searched by bisection (up to 32 sums); 0
+    # searches it at once, as the kernel did before. On an H100 at top-p 0.9 the kernel alone
     # takes 21.8 us with 4 against 58.3 us with 0, and 111 us when all 4 are outside
     # (docs/perf/h100/targets-5.md)
     sample_candidates: int = SAMPLE_CANDIDATES

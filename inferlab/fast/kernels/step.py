@@ -86,68 +86,42 @@ def _sample_step_kernel(
     exactly, without a sort. Only one array of the row is live at a time (the logits, then the
     weights; the uniform draws at the end).
 
-    With CANDIDATES > 0, top-p, or top-k alone, first checks the race's winners over the whole
-    row in race order (`_race_candidates`): the first of them that is kept wins the race over the
-    kept tokens too, so the draw is the same without the threshold, and the bisection runs only
-    when none of the first CANDIDATES is kept (for top-p each is outside with a chance of at most
-    1 - p; for top-k, of 1 - the top-k's mass). With top-k and top-p together, the top-k threshold
-    is searched first and top-p takes the candidates. The weights then go through `weights_ptr`
-    (one row of BLOCK_V a program) instead of staying in registers."""
+    With CANDIDATES > 0, top-p first checks the race's winners over the whole row, in race order
+    (`_nucleus_race`): the first of them in the nucleus wins the race over the nucleus too, so the
+    draw is the same without the threshold, and the bisection runs only when none of the first
+    CANDIDATES is in the nucleus (their chance is at most 1 - p each). The weights then go
+    through `weights_ptr` (one row of BLOCK_V a program) instead of staying in registers."""
     m = tl.program_id(0)
     pos = tl.load(pos_ptr)
     offs = tl.arange(0, BLOCK_V)
     valid = offs < V
-    logits_row = logits_ptr + m * V
-    x = _row_logits(logits_row, temperature, V, BLOCK_V, TEMPERATURE)
-    TOP_K_CANDIDATES: tl.constexpr = TOP_K and not TOP_P and CANDIDATES > 0
-    if TOP_K and not TOP_K_CANDIDATES:
-        x = _top_k_kept(x, top_k, V, BLOCK_V)
+    x = tl.load(logits_ptr + m * V + offs, mask=valid, other=float("-inf"))
+    if TEMPERATURE:
+        x = tl.math.div_rn(x, temperature)
+    if TOP_K:
+        lo = tl.min(tl.where(valid, _order_key(x), 2147483647), axis=0)
+        hi = tl.max(_order_key(x), axis=0)
+        while lo < hi:  # the largest key with at least top_k keys at or above it: the k-th largest
+            mid = (lo >> 1) + (hi >> 1) + ((lo | hi) & 1)  # ceil((lo + hi) / 2), without overflow
+            enough = tl.sum(tl.where(valid & (_order_key(x) >= mid), 1, 0), axis=0) >= top_k
+            lo = tl.where(enough, mid, lo)
+            hi = tl.where(enough, hi, mid - 1)
+        x = tl.where(_order_key(x) >= lo, x, float("-inf"))
     e = tl.exp(x - tl.max(x, axis=0))  # 0 for the tokens removed, and past the vocabulary
     total = tl.sum(e, axis=0)
     uniform_row = uniform_ptr + m * V
-    if CANDIDATES > 0 and (TOP_P or TOP_K):
+    if TOP_P and CANDIDATES > 0:
         weights_row = weights_ptr + m * BLOCK_V
         tl.store(weights_row + offs, e)
         tl.debug_barrier()  # every thread's weights written before any thread reads another's
         below = (1.0 - top_p) * total
-        token = _race_candidates(weights_row, uniform_row, logits_row, below, top_k, temperature, V, BLOCK_V,
-                                 CANDIDATES, TEMPERATURE, TOP_K_CANDIDATES)
+        token = _nucleus_race(weights_row, uniform_row, below, V, BLOCK_V, CANDIDATES)
         if token < 0:
-            if TOP_K_CANDIDATES:  # the top-k threshold after all, from the logits
-                x = _top_k_kept(_row_logits(logits_row, temperature, V, BLOCK_V, TEMPERATURE), top_k, V, BLOCK_V)
-                e = tl.exp(x - tl.max(x, axis=0))
-                token = _draw(e, uniform_row, tl.sum(e, axis=0), top_p, V, BLOCK_V, TOP_P)
-            else:
-                token = _draw(tl.load(weights_row + offs), uniform_row, total, top_p, V, BLOCK_V, TOP_P)
+            token = _draw(tl.load(weights_row + offs), uniform_row, total, top_p, V, BLOCK_V, TOP_P)
     else:
         token = _draw(e, uniform_row, total, top_p, V, BLOCK_V, TOP_P)
     _finish_step(token, m, pos, embed_ptr, hidden_ptr, tokens_ptr, out_ptr, pos_ptr, arrivals_ptr, M, out_stride,
                  first_position, H, BLOCK_H, ONE_ROW)
-
-
-@triton.jit
-def _row_logits(logits_row, temperature, V: tl.constexpr, BLOCK_V: tl.constexpr, TEMPERATURE: tl.constexpr):
-    """The row's logits [BLOCK_V] over the temperature (correctly rounded, so a logit divided
-    alone gives the same bits); -inf past the vocabulary."""
-    offs = tl.arange(0, BLOCK_V)
-    x = tl.load(logits_row + offs, mask=offs < V, other=float("-inf"))
-    if TEMPERATURE:
-        x = tl.math.div_rn(x, temperature)
-    return x
-
-
-@triton.jit
-def _top_k_kept(x, top_k, V: tl.constexpr, BLOCK_V: tl.constexpr):
-    """x with every logit below the k-th largest set to -inf (ties at the k-th all kept)."""
-    valid = tl.arange(0, BLOCK_V) < V
-    lo = tl.min(tl.where(valid, _order_key(x), 2147483647), axis=0)
-    hi = tl.max(_order_key(x), axis=0)
-    while lo < hi:  # the largest key with at least top_k keys at or above it: the k-th largest
-        mid = (lo >> 1) + (hi >> 1) + ((lo | hi) & 1)  # ceil((lo + hi) / 2), without overflow
-        enough = tl.sum(tl.where(valid & (_order_key(x) >= mid), 1, 0), axis=0) >= top_k
-        lo = tl.where(enough, mid, lo)
-        hi = tl.where(enough, hi, mid - 1)
-    return tl.where(_order_key(x) >= lo, x, float("-inf"))
 
 
 @triton.jit
@@ -180,20 +154,18 @@ def _mass_at_or_below(e, bits):
 
 
 @triton.jit
-def _race_candidates(weights_row, uniform_row, logits_row, below, top_k, temperature, V: tl.constexpr,
-                     BLOCK_V: tl.constexpr, CANDIDATES: tl.constexpr, TEMPERATURE: tl.constexpr, TOP_K: tl.constexpr):
-    """The race's winner among the kept tokens (TOP_K: the top-k; else the nucleus), or -1 if
-    none of its first CANDIDATES winners over the whole row is kept.
+def _nucleus_race(weights_row, uniform_row, below, V: tl.constexpr, BLOCK_V: tl.constexpr, CANDIDATES: tl.constexpr):
+    """The race's winner among the tokens of the nucleus, or -1 if none of its first CANDIDATES
+    winners over the whole row is in the nucleus.
 
-    The race over the whole row, `argmax(e / -log u)`, ranks every token; the race over the kept
-    tokens ranks them in the same order (p = e / their sum is e scaled), so its winner is the
-    first token in the whole row's order that is kept. The tests are the bisections' own, one sum
-    a candidate instead of up to 32: a token of weight w is in the nucleus when sum(e <= w) >
-    below (`_mass_at_or_below`); a logit x is in the top-k when fewer than top_k logits are above
-    it. The candidates are taken in race order, the first of equal race values first, as
-    `tl.argmax` breaks ties; each try recomputes the race from the stored weights and the draws,
-    a quarter of the row at a time, so that no two arrays of the whole row are live in registers
-    at once (they would spill inside the loop)."""
+    The race over the whole row, `argmax(e / -log u)`, ranks every token; the race over the
+    nucleus ranks its tokens in the same order (p = e / sum over the nucleus is e scaled), so its
+    winner is the first token in the whole row's order that is in the nucleus. A token of weight w
+    is in it when sum(e <= w) > below, the bisection's own test (`_mass_at_or_below`): one sum a
+    candidate instead of up to 32. The candidates are taken in race order, the first of equal race
+    values first, as `tl.argmax` breaks ties; each try recomputes the race from the stored weights
+    and the draws, a quarter of the row at a time, so that no two arrays of the whole row are live
+    in registers at once (they would spill inside the loop)."""
     offs = tl.arange(0, BLOCK_V)
     chunk: tl.constexpr = BLOCK_V // 4
     token = tl.full((), -1, dtype=tl.int32)
@@ -217,15 +189,7 @@ def _race_candidates(weights_row, uniform_row, logits_row, below, top_k, tempera
             best = tl.where(better, value, best)
         last, last_at = best, best_at
         w_at = tl.load(weights_row + last_at)
-        if TOP_K:
-            x_at = tl.load(logits_row + last_at)
-            if TEMPERATURE:
-                x_at = tl.math.div_rn(x_at, temperature)
-            x = _row_logits(logits_row, temperature, V, BLOCK_V, TEMPERATURE)
-            kept = (w_at > 0.0) & (tl.sum(tl.where(_order_key(x) > _order_key(x_at), 1, 0), axis=0) < top_k)
-        else:
-            kept = (w_at > 0.0) & (_mass_at_or_below(tl.load(weights_row + offs), w_at.to(tl.int32, bitcast=True))
-                                   > below)
+        kept = (w_at > 0.0) & (_mass_at_or_below(tl.load(weights_row + offs), w_at.to(tl.int32, bitcast=True)) > below)
         token = tl.where(kept, last_at, -1)
         tries += 1
     return token
@@ -295,8 +259,8 @@ def sample_step(
     `inferlab.fast.engine.pick` draws from logits [M, V] (float32) with uniform [M, V] (temperature,
     top-k, top-p, then argmax(p / -log u)), then what `greedy_step` does with its token.
 
-    `candidates`: with top-p, or top-k alone, how many of the race's winners over the whole row
-    are checked for the kept tokens before the threshold is searched (0: searched at once).
+    `candidates`: with top-p, how many of the race's winners over the whole row are checked for
+    the nucleus before its threshold is searched (0: searched at once).
 
     Exact up to float rounding: a logit whose mass at or below it lies within rounding of 1 - p,
     or two race values within an ulp, may go the other way than in the sorted torch step."""
@@ -318,6 +282,6 @@ def sample_step(
         logits, uniform, embed, hidden, tokens, out, position, arrivals, weights, M, out.stride(0), first_position,
         float(sampling.temperature), top_p, top_k,
         V=V, H=H, BLOCK_V=block, BLOCK_H=1024, TEMPERATURE=sampling.temperature != 1.0, TOP_K=top_k > 0,
-        TOP_P=top_p < 1.0, ONE_ROW=M == 1, CANDIDATES=candidates if top_p < 1.0 or top_k > 0 else 0,
+        TOP_P=top_p < 1.0, ONE_ROW=M == 1, CANDIDATES=candidates if top_p < 1.0 else 0,
         num_warps=sample_warps(block),
     )
