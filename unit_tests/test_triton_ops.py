@@ -645,6 +645,23 @@ def test_the_sampling_kernel_takes_the_first_race_winner_in_the_nucleus_or_falls
                             candidates=-1)
 
 
+@pytest.mark.parametrize("V", [1, 3])
+def test_the_sampling_kernel_draws_from_a_vocabulary_of_a_few_tokens(kernels, V):
+    """A row narrower than the race's quarters: padded to 16, the tokens are still `pick`'s."""
+    from inferlab.decode.sampling import SamplingConfig
+    from inferlab.fast.engine import pick
+
+    embed, hidden = draw(V, 4, seed=1), torch.zeros(2, 4, device=DEVICE)
+    tokens, out = torch.zeros(2, 1, dtype=torch.long, device=DEVICE), torch.zeros(2, 4, dtype=torch.long, device=DEVICE)
+    for name in ("top-p", "all", "temperature"):
+        sampling = SamplingConfig(greedy=False, **SAMPLINGS[name])
+        for seed in (1, 2, 3):
+            logits = draw(2, V, seed=seed, scale=2.0)
+            uniform = torch.rand(2, V, generator=torch.Generator().manual_seed(seed + 1)).to(DEVICE)
+            kernels.sample_step(logits, sampling, uniform, embed, hidden, tokens, out, torch.tensor([0], device=DEVICE), 0)
+            assert tokens[:, 0].tolist() == pick(logits, sampling, uniform).tolist()
+
+
 @pytest.mark.parametrize("candidates", [0, 1])
 @pytest.mark.parametrize("name", ["top-p", "all", "top-p-narrow"])
 def test_top_p_by_candidates_or_by_bisection_draws_the_same_tokens(kernels, name, candidates):

@@ -274,7 +274,7 @@ def sample_step(
     assert logits.is_contiguous() and uniform.is_contiguous() and embed.is_contiguous() and hidden.is_contiguous()
     assert out.stride(1) == 1
     top_k, top_p = thresholds(sampling, V)
-    block = triton.next_power_of_2(V)
+    block = max(16, triton.next_power_of_2(V))  # the candidates' race takes a quarter of the row at a time
     dev = logits.device
     arrivals, = kept(("sample", dev), lambda: (torch.zeros(1, device=dev, dtype=torch.int32),))
     weights, = kept(("sample-weights", dev, M, block), lambda: (torch.empty(M, block, device=dev, dtype=torch.float32),))
