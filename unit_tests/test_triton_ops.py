@@ -658,7 +658,8 @@ def test_the_sampling_kernel_draws_from_a_vocabulary_of_a_few_tokens(kernels, V)
         for seed in (1, 2, 3):
             logits = draw(2, V, seed=seed, scale=2.0)
             uniform = torch.rand(2, V, generator=torch.Generator().manual_seed(seed + 1)).to(DEVICE)
-            kernels.sample_step(logits, sampling, uniform, embed, hidden, tokens, out, torch.tensor([0], device=DEVICE), 0)
+            position = torch.tensor([0], device=DEVICE)
+            kernels.sample_step(logits, sampling, uniform, embed, hidden, tokens, out, position, 0)
             assert tokens[:, 0].tolist() == pick(logits, sampling, uniform).tolist()
 
 

@@ -178,9 +178,9 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         block = 1 << (vocab - 1).bit_length()
         flags = dict(V=vocab, H=hidden, BLOCK_V=block, BLOCK_H=1024, TEMPERATURE=True, TOP_K=top_k, TOP_P=top_p,
                      ONE_ROW=False, CANDIDATES=candidates)
-        cases.append((f"sample step vocab {vocab}{' top-k' if top_k else ''} top-p"
-                      f"{f' {candidates} candidates' if candidates else ' bisection'}", kernels.step._sample_step_kernel,
-                      sample, flags, dict(num_warps=kernels.sample_warps(block))))
+        how = f"{candidates} candidates" if candidates else "bisection"
+        cases.append((f"sample step vocab {vocab}{' top-k' if top_k else ''} top-p {how}",
+                      kernels.step._sample_step_kernel, sample, flags, dict(num_warps=kernels.sample_warps(block))))
     split_sample = dict(sample, part_ptr=fp32, bar_ptr=i32, err_ptr=i32, phase_first="i32", phase_last="i32")
     # over many programs a row (LaunchPolicy(sampling="split")): TinyLlama's and SmolLM2's vocabularies
     for vocab, hidden, top_k, top_p in ((32000, 2048, False, True), (32000, 2048, True, True),

@@ -42,9 +42,9 @@ from inferlab.fast.kernels.attention import (attention_decode, attention_decode_
 from inferlab.fast.kernels.launch import KEPT, kept, pdl_supported
 from inferlab.fast.kernels.policy import (ATTENTION_BLOCK_T, ATTENTION_KERNELS, DEFAULT_GEMV, DEFAULT_POLICY,
                                           GREEDY_BLOCK_V, GREEDY_WARPS, MAX_SPLITS, MEASURED_GEMV, MEASURED_ROWS,
-                                          ROWS_GEMV, SAMPLE_CANDIDATES, SMOLLM2_GEMV, SPLIT_BLOCK_T, SPLIT_COMBINES, SPLIT_POLICY,
-                                          SPLIT_POSITIONS, TINYLLAMA_GEMV, LaunchConfig, LaunchPolicy, RowsLaunch,
-                                          gemv_config)
+                                          ROWS_GEMV, SAMPLE_CANDIDATES, SMOLLM2_GEMV, SPLIT_BLOCK_T, SPLIT_COMBINES,
+                                          SPLIT_POLICY, SPLIT_POSITIONS, TINYLLAMA_GEMV, LaunchConfig, LaunchPolicy,
+                                          RowsLaunch, gemv_config)
 from inferlab.fast.kernels.grid import barrier_errors
 from inferlab.fast.kernels.persistent import decode_layers, resident_programs, tile_shape
 from inferlab.fast.kernels.projections import batch_config, gemv, rms_columns, rows_split_k
@@ -54,7 +54,8 @@ from inferlab.fast.kernels.step import SAMPLE_MAX_VOCAB, greedy_step, sample_ker
 
 __all__ = [
     "ATTENTION_BLOCK_T", "ATTENTION_KERNELS", "DEFAULT_GEMV", "DEFAULT_POLICY", "GREEDY_BLOCK_V", "GREEDY_WARPS",
-    "KEPT", "MAX_SPLITS", "MEASURED_GEMV", "MEASURED_ROWS", "ROWS_GEMV", "SAMPLE_CANDIDATES", "SAMPLE_MAX_VOCAB", "SMOLLM2_GEMV",
+    "KEPT", "MAX_SPLITS", "MEASURED_GEMV", "MEASURED_ROWS", "ROWS_GEMV", "SAMPLE_CANDIDATES", "SAMPLE_MAX_VOCAB",
+    "SMOLLM2_GEMV",
     "SPLIT_BLOCK_T", "SPLIT_COMBINES", "SPLIT_POLICY", "SPLIT_POSITIONS", "TINYLLAMA_GEMV", "Kernels",
     "LaunchConfig", "LaunchPolicy", "RowsLaunch", "attention_decode", "attention_decode_split", "attention_splits",
     "barrier_errors", "batch_config", "combine_chunk", "decode_layers", "gemv", "gemv_config", "greedy_step",

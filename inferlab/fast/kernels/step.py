@@ -277,7 +277,8 @@ def sample_step(
     block = max(16, triton.next_power_of_2(V))  # the candidates' race takes a quarter of the row at a time
     dev = logits.device
     arrivals, = kept(("sample", dev), lambda: (torch.zeros(1, device=dev, dtype=torch.int32),))
-    weights, = kept(("sample-weights", dev, M, block), lambda: (torch.empty(M, block, device=dev, dtype=torch.float32),))
+    weights, = kept(("sample-weights", dev, M, block),
+                    lambda: (torch.empty(M, block, device=dev, dtype=torch.float32),))
     _sample_step_kernel[(M,)](
         logits, uniform, embed, hidden, tokens, out, position, arrivals, weights, M, out.stride(0), first_position,
         float(sampling.temperature), top_p, top_k,
