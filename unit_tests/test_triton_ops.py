@@ -240,6 +240,66 @@ def test_the_tensor_core_kernel_with_its_first_tile_loaded_early_computes_the_sp
     assert_same_function(ours, decode_ops.gemv(x, weight, **kwargs))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
+# one program (every tile whole); 3 and 7 (tiles cut between programs, one program holding the end
+# of one tile and the start of the next); more programs than units (capped: a unit each)
+@pytest.mark.parametrize("programs", [1, 3, 7, 1000])
+def test_the_stream_k_kernel_computes_the_specified_function_launch_after_launch(kernels, dtype, shape, variant,
+                                                                                 programs):
+    """`_gemv_stream_kernel` at 5 rows (a tile of 16 holding 5) and 17 (two row tiles, the second
+    with one row): the specification's function on every launch (the first leaves every arrival
+    count at 0 for the second), whatever the programs' cut."""
+    if variant == "logits" and dtype == torch.float32:
+        pytest.skip("logits from float32 inputs are 'norm' exactly (dtype_variants)")
+    config = kernels.LaunchConfig(block_n=16, block_k=32, num_warps=4, num_stages=2)
+    N, K = SHAPES[shape]
+    for M in (5, 17):
+        x, weight, kwargs = gemv_case(M, shape, variant, dtype)
+        launch = kernels.RowsLaunch("stream", config, target_programs=programs)
+        policy = kernels.LaunchPolicy(rows_min_batch=2, rows={(N, K, variant == "gated", min(1 << (M - 1).bit_length(), 16)): launch})
+        assert policy.rows_launch(N, K, variant == "gated", M) == launch
+        for launch_index in range(2):
+            ours = kernels.gemv(x, weight, policy=policy, **kwargs)
+            assert ours.shape == (M, N)
+            assert_same_function(ours, decode_ops.gemv(x, weight, **kwargs))
+            x = x.roll(1, dims=0)
+    counts = [buffers[1] for key, buffers in kernels.KEPT.items() if key[0] == "stream-k"]
+    assert counts and all(int(c.abs().sum()) == 0 for c in counts)
+
+
+@pytest.mark.parametrize("n_tiles, k_tiles", [(1, 1), (1, 7), (5, 3), (88, 16), (500, 16), (32, 44)])
+@pytest.mark.parametrize("programs", [1, 2, 3, 7, 132, 264])
+def test_stream_k_ranges_cover_every_unit_once_and_its_slots_fit(kernels, n_tiles, k_tiles, programs):
+    """Program p takes units p * U // P up to (p + 1) * U // P; `stream_owner` finds the program of a
+    unit, and `stream_slots` is the most programs any tile is cut between (each needs a slot)."""
+    from inferlab.fast.kernels.projections import stream_owner, stream_slots
+
+    units = n_tiles * k_tiles
+    programs = min(programs, units)
+    ranges = [range(p * units // programs, (p + 1) * units // programs) for p in range(programs)]
+    assert sorted(u for r in ranges for u in r) == list(range(units))
+    assert max(map(len, ranges)) - min(map(len, ranges)) <= 1
+    assert all(stream_owner(u, units, programs) == p for p, r in enumerate(ranges) for u in r)
+    sharing = [len({p for p, r in enumerate(ranges) for u in r if u // k_tiles == t}) for t in range(n_tiles)]
+    assert stream_slots(n_tiles, k_tiles, programs) == max(sharing)
+
+
+def test_the_stream_policy_runs_the_stream_k_kernel_from_its_switch(kernels, record_launches):
+    launched = record_launches(("_gemv_kernel", "_gemv_rows_kernel", "_gemv_stream_kernel"))
+    weight = draw(32, 64, seed=4, scale=0.1)
+    policy = kernels.LaunchPolicy(batched="stream", rows={}, default_gemv=kernels.LaunchConfig(8, 64, 4, 1),
+                                  stream_gemv=kernels.LaunchConfig(16, 32, 4, 1))
+    for M in (1, 3, 4, 16):
+        x = draw(M, 64, seed=M)
+        assert_same_function(kernels.Kernels(pdl=False, policy=policy).gemv(x, weight), decode_ops.gemv(x, weight))
+    assert launched == ["_gemv_kernel", "_gemv_kernel", "_gemv_stream_kernel", "_gemv_stream_kernel"]
+    assert policy.rows_launch(32, 64, False, 4) == kernels.RowsLaunch("stream", kernels.LaunchConfig(16, 32, 4, 1))
+    with pytest.raises(ValueError, match="stream_per_sm"):
+        kernels.LaunchPolicy(stream_per_sm=0)
+
+
 @pytest.mark.parametrize("n_tiles, k_tiles, target, split", [
     (64, 8, 0, 1),      # off
     (176, 8, 132, 1),   # enough tiles already
@@ -298,6 +358,20 @@ def test_a_matrix_measured_at_a_row_count_runs_its_own_kernel_there_and_only_the
                         "_gemv_rows_kernel"]
     assert policy.rows_launch(16, 64, False, 16).target_programs == 4
     assert policy.rows_launch(16, 64, False, 5) == table[(16, 64, False, 8)]
+
+
+def test_below_the_switch_only_a_launch_measured_at_exactly_that_many_rows_applies(kernels):
+    """A stream-K launch measured at 1 row serves 1 row; 3 rows (rounded to the 4-row key) stay
+    in the one-row kernel below `rows_min_batch`, as they did before any 1-row entry existed."""
+    stream = kernels.RowsLaunch("stream", kernels.LaunchConfig(16, 32, 4, 1), target_programs=3)
+    table = {(16, 64, False, 1): stream, (16, 64, False, 4): kernels.RowsLaunch("tensor")}
+    policy = kernels.LaunchPolicy(rows=table)
+    assert policy.rows_launch(16, 64, False, 1) == stream
+    assert policy.rows_launch(16, 64, False, 2).kernel == policy.rows_launch(16, 64, False, 3).kernel == "row"
+    assert policy.rows_launch(16, 64, False, 4) == table[(16, 64, False, 4)]
+    assert policy.rows_launch(32, 64, False, 1).kernel == "row"
+    x, weight = draw(1, 64, seed=1), draw(16, 64, seed=4, scale=0.1)
+    assert_same_function(kernels.Kernels(pdl=False, policy=policy).gemv(x, weight), decode_ops.gemv(x, weight))
     narrow = kernels.LaunchPolicy(cuda_max_rows=2, rows=table)
     assert narrow.rows_launch(16, 64, False, 4).kernel == "tensor"
     assert kernels.LaunchPolicy(rows={}).rows_launch(2560, 2048, False, 4) == kernels.RowsLaunch(

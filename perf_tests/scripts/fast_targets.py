@@ -10,7 +10,8 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   and with its prefill as before (`FastOptions(prefill_cache_write="index", prefill_head="torch")`)
   at the reference shape and at prompt `--long-prompt`;
 - the fast engine at each `--batch-sizes` (from 4 rows also without the batched launches measured
-  per matrix, `LaunchPolicy(rows={})`), at prompt `--long-prompt`, with temperature 0.7 and top-p
+  per matrix, `LaunchPolicy(rows={})`; from 2 rows also with every batched matrix in the stream-K
+  kernel, `LaunchPolicy(batched="stream")`, at 2 and 1 programs per SM), at prompt `--long-prompt`, with temperature 0.7 and top-p
   0.9 sampling (the step ending in the sampling kernel of one program a row, the default; the
   same with top-p found by bisection alone, `LaunchPolicy(sample_candidates=0)`; in the split
   sampling kernel, `LaunchPolicy(sampling="split")`; and in compiled torch ops,
@@ -81,6 +82,11 @@ class Target:
         return f"{self.metric.removesuffix('_ms').upper()} <= {self.bound:g} {unit}"
 
 
+STREAM = (("batched", "stream"), ("rows", ()), ("rows_min_batch", 2))
+# TinyLlama's [q; k; v] and o at one row in the stream-K kernel, in its default launch (None: the policy's)
+STREAM_NARROW = tuple(((n, k, False, 1), ("stream", None)) for n, k in ((2560, 2048), (2048, 2048)))
+
+
 def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prompt: int) -> list[Case]:
     """The reference shape for every engine, then the fast engine's other cases."""
     found = [Case(f"{engine} b1", engine, model) for engine in ("fast", "hf", "hf-static", "eager")]
@@ -94,6 +100,13 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # (LaunchPolicy(rows={})): the engine before `MEASURED_ROWS`
     found += [Case(f"fast b{b} rows={{}}", "fast", model, batch_size=b, launch=(("rows", ()),))
               for b in batch_sizes if b >= 4]
+    # every batched matrix in the stream-K kernel (its work cut evenly between programs), from 2 rows
+    found += [Case(f"fast b{b} stream", "fast", model, batch_size=b, launch=STREAM) for b in batch_sizes if b >= 2]
+    found += [Case(f"fast b{b} stream 1/SM", "fast", model, batch_size=b, launch=STREAM + (("stream_per_sm", 1),))
+              for b in batch_sizes if b >= 2]
+    # at batch 1: every matrix in the stream-K kernel; only the narrow [q; k; v] and o (TinyLlama's)
+    found += [Case("fast b1 stream", "fast", model, launch=(("batched", "stream"), ("rows", ()), ("rows_min_batch", 1))),
+              Case("fast b1 stream narrow", "fast", model, launch=(("rows", STREAM_NARROW),))]
     found.append(Case(f"fast prompt {long_prompt}", "fast", model, prompt_length=long_prompt))
     found.append(Case(f"fast prompt {long_prompt} prefill as before", "fast", model, prompt_length=long_prompt,
                       options=before))
@@ -126,13 +139,20 @@ def _launch_shapes_without_smollm2() -> list:
 
 def launch_policy(launch: tuple):
     """A case's LaunchPolicy: its (name, value) pairs as keywords, a mapping's value given as its
-    (key, value) pairs."""
+    (key, value) pairs (a `rows` launch as its (kernel, config) pair)."""
     from types import MappingProxyType
 
-    from inferlab.fast.kernels import LaunchPolicy  # needs Triton: imported only for a policy of its own
+    from inferlab.fast.kernels import LaunchPolicy, RowsLaunch  # needs Triton: imported only for a policy of its own
 
-    mappings = {"gemv", "rows"}
-    return LaunchPolicy(**{name: MappingProxyType(dict(value)) if name in mappings else value for name, value in launch})
+    def value_of(name, value):
+        if name == "gemv":
+            return MappingProxyType(dict(value))
+        if name == "rows":  # a launch given as (kernel, config) pairs or as a RowsLaunch
+            return MappingProxyType({key: launch if isinstance(launch, RowsLaunch) else RowsLaunch(*launch)
+                                     for key, launch in value})
+        return value
+
+    return LaunchPolicy(**{name: value_of(name, value) for name, value in launch})
 
 
 def targets(batch_sizes: list[int], long_prompt: int, small_model: str | None) -> list[Target]:

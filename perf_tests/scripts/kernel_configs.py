@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import re
 import sys
 import time
 from dataclasses import replace
@@ -152,11 +153,21 @@ def rows_variants(rows: int, N: int, K: int, gated: bool) -> dict[str, ops.RowsL
     for label, config in ROWS_TILES.items():
         variants[f"tensor {label}"] = ops.RowsLaunch("tensor", config)
         variants[f"tensor {label} split-K 264"] = ops.RowsLaunch("tensor", config, target_programs=264)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 4
+    for label, config in STREAM_TILES.items():  # stream-K: the work cut evenly, 1 or 2 programs per SM
+        for per_sm in (1, 2):
+            variants[f"stream {label} {per_sm}/SM"] = ops.RowsLaunch("stream", config, target_programs=per_sm * sms)
     return variants
 
 
 # the tensor-core kernel's tiles tried beside the default (`ROWS_GEMV`, 32 weight rows x 256)
 ROWS_TILES = {"n16": ops.LaunchConfig(16, 256, 4, 4), "n64 k128": ops.LaunchConfig(64, 128, 4, 4)}
+
+
+# the stream-K kernel's units: weight rows x columns, warps, stages (`STREAM_GEMV` first)
+STREAM_TILES = {"n64 k128": ops.STREAM_GEMV, "n64 k128 s3": ops.LaunchConfig(64, 128, 4, 3),
+                "n128 k128 s3": ops.LaunchConfig(128, 128, 4, 3), "n64 k256 s3": ops.LaunchConfig(64, 256, 4, 3),
+                "n32 k256": ops.LaunchConfig(32, 256, 4, 4)}
 
 
 def rows_policy(N: int, K: int, gated: bool, rows: int, launch: ops.RowsLaunch) -> ops.LaunchPolicy:
@@ -166,7 +177,8 @@ def rows_policy(N: int, K: int, gated: bool, rows: int, launch: ops.RowsLaunch) 
     return replace(ops.DEFAULT_POLICY, rows_min_batch=2, rows=MappingProxyType({key: launch}))
 
 
-def probe_rows(name: str, N: int, K: int, kind: str, rows: int, device, bandwidth: float, pdl: bool) -> dict:
+def probe_rows(name: str, N: int, K: int, kind: str, rows: int, device, bandwidth: float, pdl: bool,
+               only: str | None = None) -> dict:
     """Each batched kernel (`rows_variants`) on one matrix at `rows` rows: checked against the
     specification, then timed with the weights rotated out of L2 as in `probe_shape`. A batch reads
     the weights once, so the bandwidth is weight bytes / time."""
@@ -178,7 +190,8 @@ def probe_rows(name: str, N: int, K: int, kind: str, rows: int, device, bandwidt
     kwargs = kwargs_for(kind, x, N)
     expected = decode_ops.gemv(x, weights[0], **kwargs).float()
     results = {}
-    variants = rows_variants(rows, N, K, gated)
+    variants = {label: launch for label, launch in rows_variants(rows, N, K, gated).items()
+                if only is None or re.search(only, label)}
     for label, launch in variants.items():
         policy = rows_policy(N, K, gated, rows, launch)
         try:
@@ -461,6 +474,8 @@ def main() -> int:
                         help="only each projection at these batch sizes (e.g. 4,16), alone, with every batched kernel: "
                              "per-row programs, the CUDA-core kernel, the tensor-core kernel (as it runs, prefetching, "
                              "split over K)")
+    parser.add_argument("--rows-variants", default=None, metavar="REGEX",
+                        help="with --probe-rows: only the batched kernels whose label matches (e.g. '^(tensor|stream)')")
     parser.add_argument("--rows-candidates", choices=("all", "in-use"), default="all",
                         help="the tensor-core kernel's launch shapes to try: all candidates, or the default policy's only")
     parser.add_argument("--rows-targets", default="0",
@@ -500,7 +515,7 @@ def main() -> int:
     if args.probe_rows:
         loaded = load_model(args.model, device, torch.bfloat16)
         pdl = ops.pdl_supported(device) and not args.no_pdl
-        probes = [probe_rows(*shape, rows, device, bandwidth, pdl) for rows in args.probe_rows
+        probes = [probe_rows(*shape, rows, device, bandwidth, pdl, args.rows_variants) for rows in args.probe_rows
                   for shape in decode_matrices(loaded.model.config)]
         write_json_atomic(out / "rows.json", {"environment": env, "triton": triton.__version__,
                                               "bandwidth": bandwidth, "probes": probes})

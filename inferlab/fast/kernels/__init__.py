@@ -18,7 +18,9 @@ for the previous kernel's results (``gdc_wait``). The greedy step kernel is laun
 PDL, so every decode step starts after the previous step has completely finished.
 
 From ROWS_MIN_BATCH batch rows on, the projections run `_gemv_rows_kernel` instead: small matrix
-products on the tensor cores that read each weight tile once for the whole batch.
+products on the tensor cores that read each weight tile once for the whole batch; or, with
+`LaunchPolicy(batched="stream")`, `_gemv_stream_kernel`, the same products with each matrix's work
+cut evenly between a fixed number of programs (stream-K).
 
 Launch shapes (rows per program, K-tile, warps, pipelining depth) come from `gemv_config`,
 measured per matrix shape on an H200 by ``perf_tests/scripts/kernel_configs.py``; other shapes
@@ -43,6 +45,7 @@ from inferlab.fast.kernels.launch import KEPT, kept, pdl_supported
 from inferlab.fast.kernels.policy import (ATTENTION_BLOCK_T, ATTENTION_KERNELS, DEFAULT_GEMV, DEFAULT_POLICY,
                                           GREEDY_BLOCK_V, GREEDY_WARPS, MAX_SPLITS, MEASURED_GEMV, MEASURED_ROWS,
                                           ROWS_GEMV, SAMPLE_CANDIDATES, SMOLLM2_GEMV, SPLIT_BLOCK_T, SPLIT_COMBINES,
+                                          STREAM_GEMV,
                                           SPLIT_POLICY, SPLIT_POSITIONS, TINYLLAMA_GEMV, LaunchConfig, LaunchPolicy,
                                           RowsLaunch, gemv_config)
 from inferlab.fast.kernels.grid import barrier_errors
@@ -56,7 +59,7 @@ __all__ = [
     "ATTENTION_BLOCK_T", "ATTENTION_KERNELS", "DEFAULT_GEMV", "DEFAULT_POLICY", "GREEDY_BLOCK_V", "GREEDY_WARPS",
     "KEPT", "MAX_SPLITS", "MEASURED_GEMV", "MEASURED_ROWS", "ROWS_GEMV", "SAMPLE_CANDIDATES", "SAMPLE_MAX_VOCAB",
     "SMOLLM2_GEMV",
-    "SPLIT_BLOCK_T", "SPLIT_COMBINES", "SPLIT_POLICY", "SPLIT_POSITIONS", "TINYLLAMA_GEMV", "Kernels",
+    "SPLIT_BLOCK_T", "SPLIT_COMBINES", "SPLIT_POLICY", "SPLIT_POSITIONS", "STREAM_GEMV", "TINYLLAMA_GEMV", "Kernels",
     "LaunchConfig", "LaunchPolicy", "RowsLaunch", "attention_decode", "attention_decode_split", "attention_splits",
     "barrier_errors", "batch_config", "combine_chunk", "decode_layers", "gemv", "gemv_config", "greedy_step",
     "kept", "pdl_supported", "resident_programs", "rms_columns", "rows_split_k", "sample_kernel_fits",

@@ -13,6 +13,13 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+def multiprocessors(device: torch.device, default: int = 4) -> int:
+    """The GPU's SMs; `default` off CUDA (the interpreter runs one program at a time)."""
+    if device.type != "cuda":
+        return default
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def pdl_supported(device: torch.device) -> bool:
     """Programmatic dependent launch needs a Hopper or later GPU."""
     return device.type == "cuda" and _capability(device.index or 0)[0] >= 9

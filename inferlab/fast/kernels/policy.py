@@ -54,7 +54,10 @@ ATTENTION_KERNELS = {"head": "attention_decode", "split": "attention_decode_spli
 SPLIT_COMBINES = ("last", "kernel")
 
 ROWS_GEMV = LaunchConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # measured at batch 4 on the H200
-BATCHED_KERNELS = ("row", "cuda", "rowwise", "tensor")
+# the stream-K kernel's unit: 64 weight rows (Hopper's warpgroup product) x 128 columns, 4 stages
+STREAM_GEMV = LaunchConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
+STREAM_PER_SM = 2
+BATCHED_KERNELS = ("row", "cuda", "rowwise", "tensor", "stream")
 SAMPLING_KERNELS = ("torch", "kernel", "split")
 
 
@@ -63,10 +66,11 @@ class RowsLaunch:
     """How one matrix is multiplied into a batch: `kernel` "row" (`_gemv_kernel`, one program per
     row and weight block), "cuda" (`_gemv_batch_kernel`, each weight block into every row on the
     CUDA cores, up to `LaunchPolicy.cuda_max_rows` rows), "rowwise" (the same kernel one row at a
-    time, up to `LaunchPolicy.rowwise_max_rows` rows) or "tensor" (`_gemv_rows_kernel`); its
-    launch shape (None: the policy's for that kernel: for "rowwise", the one-row kernel's); for
-    "tensor", the split-K target (programs, 0: no split) and whether the first weight tile is
-    loaded before the wait."""
+    time, up to `LaunchPolicy.rowwise_max_rows` rows), "tensor" (`_gemv_rows_kernel`) or "stream"
+    (`_gemv_stream_kernel`, the work spread evenly over a fixed number of programs); its launch
+    shape (None: the policy's for that kernel: for "rowwise", the one-row kernel's); for "tensor",
+    the split-K target (programs, 0: no split) and whether the first weight tile is loaded before
+    the wait; for "stream", its programs (0: the policy's `stream_per_sm` per SM)."""
 
     kernel: str = "tensor"
     config: LaunchConfig | None = None
@@ -107,7 +111,8 @@ class LaunchPolicy:
     `gemv[(n, k, gated)]` (else `default_gemv`); more rows run the tensor-core kernel, which reads
     each weight tile once for `rows_block_m` rows, with `rows_gemv`. From `rows_min_batch` rows, a
     matrix measured at that many rows (`rows`, keyed by (n, k, gated, rows rounded up to a power
-    of two, at most `rows_block_m`)) runs the kernel and launch measured fastest there.
+    of two, at most `rows_block_m`)) runs the kernel and launch measured fastest there; below
+    it, only an entry of exactly that many rows applies (a launch measured at 1 row, say).
     """
 
     gemv: Mapping[tuple[int, int, bool], LaunchConfig] = field(default_factory=lambda: MappingProxyType(MEASURED_GEMV))
@@ -121,6 +126,10 @@ class LaunchPolicy:
     # in the tensor-core kernel against ~75% at one row; measured, it loses: on an H100 TPOT 1.457
     # against 1.318 ms at batch 4, 2.660 against 1.435 at batch 8 (docs/perf/h100/targets-3.md).
     batched: str = "tensor"
+    # batched "stream": from rows_min_batch rows, `_gemv_stream_kernel` in this launch shape, with
+    # this many programs per SM (each matrix's work cut evenly between them, whatever its shape)
+    stream_gemv: LaunchConfig = STREAM_GEMV
+    stream_per_sm: int = STREAM_PER_SM
     cuda_max_rows: int = 8
     # 8: at 16 rows down's kernel in its one-row shape (4 x 2048) spills (`inferlab.fast.aot`)
     rowwise_max_rows: int = 8
@@ -201,8 +210,10 @@ class LaunchPolicy:
     persistent_per_sm: int = 1
 
     def __post_init__(self) -> None:
-        if self.batched not in ("tensor", "cuda", "rowwise"):
-            raise ValueError(f"batched must be 'tensor', 'cuda' or 'rowwise', not {self.batched!r}")
+        if self.batched not in ("tensor", "cuda", "rowwise", "stream"):
+            raise ValueError(f"batched must be 'tensor', 'cuda', 'rowwise' or 'stream', not {self.batched!r}")
+        if self.stream_per_sm < 1:
+            raise ValueError(f"stream_per_sm must be at least 1, not {self.stream_per_sm}")
         if self.split_combine not in SPLIT_COMBINES:
             raise ValueError(f"split_combine must be one of {list(SPLIT_COMBINES)}, not {self.split_combine!r}")
         if self.head_combine not in SPLIT_COMBINES:
@@ -263,15 +274,19 @@ class LaunchPolicy:
 
     def rows_launch(self, n: int, k: int, gated: bool, rows: int) -> RowsLaunch:
         """The kernel and launch shape that multiply an [n, k] matrix into `rows` rows: the measured
-        one (`rows`) where there is one, else the policy's own choice by row count."""
-        if rows >= self.rows_min_batch:
-            measured = self.rows.get(self.rows_key(n, k, gated, rows))
+        one (`rows`) where there is one (below `rows_min_batch`, one measured at exactly that many
+        rows), else the policy's own choice by row count."""
+        key = self.rows_key(n, k, gated, rows)
+        if rows >= self.rows_min_batch or key[3] == rows:  # below the switch, only a launch measured at that many rows
+            measured = self.rows.get(key)
             if measured is not None and rows <= self.max_rows(measured.kernel):
                 return measured
         if self.batched in ("cuda", "rowwise") and 2 <= rows <= self.max_rows(self.batched):
             return RowsLaunch(self.batched)
         if rows < self.rows_min_batch:
             return RowsLaunch("row", self.gemv_config(n, k, gated))
+        if self.batched == "stream":
+            return RowsLaunch("stream", self.stream_gemv)
         return RowsLaunch("tensor", self.rows_gemv, self.rows_target_programs, self.rows_prefetch)
 
 

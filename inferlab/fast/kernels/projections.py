@@ -12,11 +12,13 @@ SiLU x up or the residual add after it fused in.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
-from inferlab.fast.kernels.launch import _launch_options, _use_pdl, kept
+from inferlab.fast.kernels.launch import _launch_options, _use_pdl, kept, multiprocessors
 from inferlab.fast.kernels.policy import DEFAULT_POLICY, LaunchConfig, LaunchPolicy
 
 
@@ -412,6 +414,217 @@ def _gemv_batch_kernel(
     tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def _swap_dot(w, xv, acc, FP32: tl.constexpr):
+    """acc + w [BN, BK] @ xv [BM, BK]^T on the tensor cores: the weight rows are the product's long
+    side (swap-AB, so a tile of 64 weight rows fills Hopper's 64-row warpgroup product); float32
+    without TF32 as `_tile_dot`."""
+    if FP32:
+        return tl.dot(w, tl.trans(xv), acc, input_precision="ieee")
+    return tl.dot(w, tl.trans(xv), acc)
+
+
+@triton.jit
+def _unit_tile(w_ptr, offs_n, offs_k, mask_n, K: tl.constexpr, EVEN_K: tl.constexpr):
+    """W[offs_n, offs_k], zero where mask_n is off (and past K): the mask is constant along K when
+    EVEN_K, so the loads stay 16 bytes wide."""
+    at = w_ptr + offs_n.to(tl.int64)[:, None] * K + offs_k[None, :]
+    if EVEN_K:
+        return tl.load(at, mask=mask_n[:, None], other=0.0, eviction_policy="evict_first")
+    return tl.load(at, mask=mask_n[:, None] & (offs_k[None, :] < K), other=0.0, eviction_policy="evict_first")
+
+
+@triton.jit
+def _stream_owner(unit, UNITS: tl.constexpr, PROGRAMS: tl.constexpr):
+    """The program whose range of units holds `unit` (program p takes units p * UNITS // PROGRAMS
+    up to (p + 1) * UNITS // PROGRAMS)."""
+    return ((unit + 1) * PROGRAMS + UNITS - 1) // UNITS - 1
+
+
+@triton.jit
+def _stream_epilogue(acc, acc_up, squares, offs_n, offs_m, mask_n, mask_m, res_ptr, out_ptr, eps,
+                     N: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+                     RESIDUAL: tl.constexpr, dtype):
+    """out[m, n] from the sums acc [BLOCK_N, BLOCK_M] (and acc_up when GATED) over the whole of K,
+    scaled by each row's RMS scale when NORM (`squares`: each row's sum of x^2)."""
+    if NORM:
+        scale = 1.0 / tl.sqrt(squares / K + eps)
+        acc = acc * scale[None, :]
+        acc_up = acc_up * scale[None, :]
+    y = acc.to(dtype)
+    if GATED:
+        y = _silu_times(y, acc_up.to(dtype), dtype)
+    at = offs_m.to(tl.int64)[None, :] * N + offs_n[:, None]
+    mask = mask_n[:, None] & mask_m[None, :]
+    if RESIDUAL:
+        r = tl.load(res_ptr + at, mask=mask, other=0.0)
+        y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
+    tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _stream_slot(part_ptr, tile, p, acc, acc_up, squares, UNITS: tl.constexpr, PROGRAMS: tl.constexpr,
+                 K_TILES: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 NORM: tl.constexpr, GATED: tl.constexpr, N_TILES: tl.constexpr):
+    """Store program p's partial sums of `tile` (an index over row tiles and weight tiles) in its slot."""
+    PART: tl.constexpr = 2 * BLOCK_N * BLOCK_M + BLOCK_M
+    cell = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+    owner = _stream_owner((tile % N_TILES) * K_TILES, UNITS, PROGRAMS)
+    slot = part_ptr + (tile * SLOTS + p - owner).to(tl.int64) * PART
+    tl.store(slot + cell, acc)
+    if GATED:
+        tl.store(slot + BLOCK_N * BLOCK_M + cell, acc_up)
+    if NORM:
+        tl.store(slot + 2 * BLOCK_N * BLOCK_M + tl.arange(0, BLOCK_M), squares)
+
+
+@triton.jit
+def _stream_arrive(part_ptr, arrivals_ptr, tile, offs_m, mask_m, res_ptr, out_ptr, eps,
+                   N: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
+                   RESIDUAL: tl.constexpr, UNITS: tl.constexpr, PROGRAMS: tl.constexpr, K_TILES: tl.constexpr,
+                   N_TILES: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, dtype):
+    """Count this program's slot of `tile` as written; the last of the tile's programs to arrive
+    adds every slot in order, applies the epilogue and resets the count to 0."""
+    PART: tl.constexpr = 2 * BLOCK_N * BLOCK_M + BLOCK_M
+    t = tile % N_TILES
+    owner = _stream_owner(t * K_TILES, UNITS, PROGRAMS)
+    owners = _stream_owner(t * K_TILES + K_TILES - 1, UNITS, PROGRAMS) - owner + 1
+    tl.debug_barrier()  # every thread's partial sums are written before the count says so
+    if tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel") == owners - 1:
+        tl.debug_barrier()
+        cell = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        for s in range(SLOTS):  # the tile's `owners` slots, in order
+            slot = part_ptr + (tile * SLOTS + s).to(tl.int64) * PART
+            used = s < owners
+            acc += tl.load(slot + cell, mask=used, other=0.0, cache_modifier=".cg")
+            if GATED:
+                acc_up += tl.load(slot + BLOCK_N * BLOCK_M + cell, mask=used, other=0.0, cache_modifier=".cg")
+            if NORM:
+                squares += tl.load(slot + 2 * BLOCK_N * BLOCK_M + tl.arange(0, BLOCK_M), mask=used, other=0.0,
+                                   cache_modifier=".cg")
+        tl.atomic_xchg(arrivals_ptr + tile, 0)
+        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        _stream_epilogue(acc, acc_up, squares, offs_n, offs_m, offs_n < N, mask_m, res_ptr, out_ptr, eps,
+                         N, K, NORM, GATED, RESIDUAL, dtype)
+
+
+@triton.jit
+def _gemv_stream_kernel(
+    x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, part_ptr, arrivals_ptr,
+    M, eps,
+    N: tl.constexpr, K: tl.constexpr,
+    NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+    PROGRAMS: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr,
+):
+    """out[m, n] for BLOCK_M rows m and every n, on the tensor cores, the matrix's work spread
+    evenly over PROGRAMS programs whatever its shape (stream-K).
+
+    The work is N_TILES x K_TILES units, a tile of BLOCK_N weight rows times BLOCK_K columns each,
+    in order of weight rows, then columns. Program p takes units p * UNITS // PROGRAMS up to
+    (p + 1) * UNITS // PROGRAMS in one pipelined loop: every program reads the same weight bytes
+    (within a unit), so with one or two programs per SM no SM waits on a last wave. A unit is
+    W tile [BLOCK_N, BLOCK_K] @ x tile^T: the weight rows are the product's long side.
+
+    A program sums each tile it holds whole and applies the epilogue in the loop. Of a tile it
+    holds part of (only its first and its last can be such), it stores its float32 partial sums in
+    its slot (its index among the tile's programs); after the loop it counts itself in `arrivals`,
+    and the last of the tile's programs to arrive adds the slots in order (the same result whatever
+    the arrival order), applies the epilogue and resets the count to 0. Nothing waits on another
+    program.
+
+    With NORM the RMS scale is applied to the sums, not to x: each unit multiplies by
+    x * norm-weight (rounded to the weights' dtype) and sums x^2 over its columns beside, and the
+    epilogue scales by 1 / sqrt(mean(x^2) + eps), a factor per row; so no pass over x runs before
+    the weights stream. In bf16 that rounds at another point than the specification (x * scale,
+    then * norm-weight, each rounded): an error of the same size.
+    """
+    p = tl.program_id(0)
+    tile_m = tl.program_id(1)
+    K_TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    N_TILES: tl.constexpr = (N + BLOCK_N - 1) // BLOCK_N
+    UNITS: tl.constexpr = N_TILES * K_TILES
+    u_first = p * UNITS // PROGRAMS
+    u_end = (p + 1) * UNITS // PROGRAMS
+    offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_m = offs_m < M
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K
+    dtype = w_ptr.dtype.element_ty
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+    STEPS: tl.constexpr = (UNITS + PROGRAMS - 1) // PROGRAMS  # units of the longest range
+    for i in range(STEPS):  # a bound known to the compiler; a shorter range idles its last step
+        u = u_first + i
+        live = u < u_end
+        t = u // K_TILES
+        kt = u - t * K_TILES
+        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < N
+        offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
+        w = _unit_tile(w_ptr, offs_n, offs_k, mask_n & live, K, EVEN_K)  # [BN, BK]
+        xv = tl.load(x_rows + offs_k[None, :], mask=(mask_m[:, None] & live) & (offs_k[None, :] < K), other=0.0)
+        if NORM:
+            xf = xv.to(tl.float32)
+            squares += tl.sum(xf * xf, axis=1)
+            g = tl.load(norm_ptr + offs_k, mask=live & (offs_k < K), other=0.0)
+            xv = (g.to(tl.float32)[None, :] * xf).to(dtype)
+        acc = _swap_dot(w, xv, acc, FP32)
+        if GATED:
+            acc_up = _swap_dot(_unit_tile(w_ptr, offs_n + N, offs_k, mask_n & live, K, EVEN_K), xv, acc_up, FP32)
+        if live & (kt == K_TILES - 1):
+            if u_first <= t * K_TILES:  # the whole tile is this program's
+                _stream_epilogue(acc, acc_up, squares, offs_n, offs_m, mask_n, mask_m, res_ptr, out_ptr, eps,
+                                 N, K, NORM, GATED, RESIDUAL, dtype)
+            else:  # this program's first tile, begun by another
+                _stream_slot(part_ptr, tile_m * N_TILES + t, p, acc, acc_up, squares, UNITS, PROGRAMS, K_TILES,
+                             SLOTS, BLOCK_M, BLOCK_N, NORM, GATED, N_TILES)
+            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+    t_first = u_first // K_TILES
+    t_last = (u_end - 1) // K_TILES
+    ends_inside = (u_end > u_first) & (u_end % K_TILES != 0)  # the last tile goes on in the next program
+    if ends_inside:
+        _stream_slot(part_ptr, tile_m * N_TILES + t_last, p, acc, acc_up, squares, UNITS, PROGRAMS, K_TILES, SLOTS,
+                     BLOCK_M, BLOCK_N, NORM, GATED, N_TILES)
+    if (u_end > u_first) & (u_first % K_TILES != 0) & ((t_first < t_last) | (not ends_inside)):
+        # the first tile was begun by another program and ended in this one's loop
+        _stream_arrive(part_ptr, arrivals_ptr, tile_m * N_TILES + t_first, offs_m, mask_m, res_ptr, out_ptr, eps,
+                       N, K, NORM, GATED, RESIDUAL, UNITS, PROGRAMS, K_TILES, N_TILES, SLOTS, BLOCK_M, BLOCK_N,
+                       dtype)
+    if ends_inside:
+        _stream_arrive(part_ptr, arrivals_ptr, tile_m * N_TILES + t_last, offs_m, mask_m, res_ptr, out_ptr, eps,
+                       N, K, NORM, GATED, RESIDUAL, UNITS, PROGRAMS, K_TILES, N_TILES, SLOTS, BLOCK_M, BLOCK_N,
+                       dtype)
+
+
+def stream_owner(unit: int, units: int, programs: int) -> int:
+    """`_stream_owner` on the host: the program of `programs` whose range of `units` holds `unit`."""
+    return ((unit + 1) * programs + units - 1) // units - 1
+
+
+@functools.cache
+def stream_slots(n_tiles: int, k_tiles: int, programs: int) -> int:
+    """The most programs that share one weight tile in `_gemv_stream_kernel`: its partial-sum slots a tile."""
+    units = n_tiles * k_tiles
+    return max(stream_owner(t * k_tiles + k_tiles - 1, units, programs) - stream_owner(t * k_tiles, units, programs) + 1
+               for t in range(n_tiles))
+
+
+def _stream_scratch(device: torch.device, tiles: int, slots: int, block_m: int, block_n: int) -> tuple:
+    """Partial-sum slots (acc, acc_up, the rows' sums of x^2) and arrival counts for the stream-K kernel."""
+    return kept(("stream-k", device, tiles, slots, block_m, block_n), lambda: (
+        torch.empty(tiles * slots * (2 * block_n * block_m + block_m), device=device, dtype=torch.float32),
+        torch.zeros(tiles, device=device, dtype=torch.int32)))
+
+
 def rms_columns(rows: int, k: int, elements: int = 8192) -> int:
     """Columns per tile of `_rms_scales_wide` over `rows` rows (a power of two): `elements` values
     a tile (128 bytes a thread of bf16 over 4 warps), at most K rounded up to a power of two."""
@@ -467,6 +680,18 @@ def gemv(
             EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, EARLY=policy.early_loads,
             RMS_K=rms_columns(rows, K) if policy.wide_rms else 0, ROWWISE=rowwise,
             num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
+        )
+        return out
+    if launch.kernel == "stream":
+        c = config or launch.config or policy.stream_gemv
+        n_tiles, k_tiles, m_tiles = triton.cdiv(N, c.block_n), triton.cdiv(K, c.block_k), triton.cdiv(M, policy.rows_block_m)
+        programs = min(n_tiles * k_tiles, launch.target_programs or policy.stream_per_sm * multiprocessors(x.device))
+        slots = stream_slots(n_tiles, k_tiles, programs)
+        part, arrivals = _stream_scratch(x.device, m_tiles * n_tiles, slots, policy.rows_block_m, c.block_n)
+        _gemv_stream_kernel[(programs, m_tiles)](
+            *operands[:5], part, arrivals, *operands[5:], **flags, BLOCK_M=policy.rows_block_m, BLOCK_N=c.block_n,
+            BLOCK_K=c.block_k, EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, PROGRAMS=programs, SLOTS=slots,
+            FP32=weight.dtype == torch.float32, num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
         )
         return out
     if launch.kernel == "row":
