@@ -35,7 +35,7 @@ def test_the_targets_follow_the_cases_that_run(script):
     assert [case.name for case in made] == [
         "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b1 prefill as before", "fast b4", "fast b8",
         "fast b4 rows={}", "fast b8 rows={}", "fast b4 stream", "fast b8 stream", "fast b4 stream 1/SM",
-        "fast b8 stream 1/SM", "fast b1 stream", "fast b1 stream narrow", "fast prompt 1920", "fast prompt 1920 prefill as before", "fast sampled",
+        "fast b8 stream 1/SM", "fast b4 stream prefetch", "fast b8 stream prefetch", "fast b1 stream", "fast b1 stream narrow", "fast prompt 1920", "fast prompt 1920 prefill as before", "fast sampled",
         "fast sampled bisection", "fast sampled split", "fast sampled torch", "fast small",
         "fast small no early_loads", "fast small default shapes", "fast small persistent"]
     launch = {case.name: case.launch for case in made}
@@ -90,6 +90,7 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast b1 prefill as before", "fast prompt 24 prefill as before",
                                      "fast b4", "fast b4 rows={}", "fast prompt 24", "fast b2 stream",
                                      "fast b2 stream 1/SM", "fast b4 stream", "fast b4 stream 1/SM",
+                                     "fast b2 stream prefetch", "fast b4 stream prefetch",
                                      "fast b1 stream", "fast b1 stream narrow",
                                      "fast sampled", "fast sampled bisection", "fast sampled split",
                                      "fast sampled torch"}

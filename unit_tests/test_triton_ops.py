@@ -246,8 +246,9 @@ def test_the_tensor_core_kernel_with_its_first_tile_loaded_early_computes_the_sp
 # one program (every tile whole); 3 and 7 (tiles cut between programs, one program holding the end
 # of one tile and the start of the next); more programs than units (capped: a unit each)
 @pytest.mark.parametrize("programs", [1, 3, 7, 1000])
+@pytest.mark.parametrize("prefetch", [False, True])  # the first unit's weights loaded before the wait
 def test_the_stream_k_kernel_computes_the_specified_function_launch_after_launch(kernels, dtype, shape, variant,
-                                                                                 programs):
+                                                                                 programs, prefetch):
     """`_gemv_stream_kernel` at 5 rows (a tile of 16 holding 5) and 17 (two row tiles, the second
     with one row): the specification's function on every launch (the first leaves every arrival
     count at 0 for the second), whatever the programs' cut."""
@@ -257,7 +258,7 @@ def test_the_stream_k_kernel_computes_the_specified_function_launch_after_launch
     N, K = SHAPES[shape]
     for M in (5, 17):
         x, weight, kwargs = gemv_case(M, shape, variant, dtype)
-        launch = kernels.RowsLaunch("stream", config, target_programs=programs)
+        launch = kernels.RowsLaunch("stream", config, target_programs=programs, prefetch=prefetch)
         policy = kernels.LaunchPolicy(rows_min_batch=2, rows={(N, K, variant == "gated", min(1 << (M - 1).bit_length(), 16)): launch})
         assert policy.rows_launch(N, K, variant == "gated", M) == launch
         for launch_index in range(2):

@@ -104,6 +104,8 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found += [Case(f"fast b{b} stream", "fast", model, batch_size=b, launch=STREAM) for b in batch_sizes if b >= 2]
     found += [Case(f"fast b{b} stream 1/SM", "fast", model, batch_size=b, launch=STREAM + (("stream_per_sm", 1),))
               for b in batch_sizes if b >= 2]
+    found += [Case(f"fast b{b} stream prefetch", "fast", model, batch_size=b, launch=STREAM + (("stream_prefetch", True),))
+              for b in batch_sizes if b >= 2]
     # at batch 1: every matrix in the stream-K kernel; only the narrow [q; k; v] and o (TinyLlama's)
     found += [Case("fast b1 stream", "fast", model, launch=(("batched", "stream"), ("rows", ()), ("rows_min_batch", 1))),
               Case("fast b1 stream narrow", "fast", model, launch=(("rows", STREAM_NARROW),))]

@@ -157,6 +157,7 @@ def rows_variants(rows: int, N: int, K: int, gated: bool) -> dict[str, ops.RowsL
     for label, config in STREAM_TILES.items():  # stream-K: the work cut evenly, 1 or 2 programs per SM
         for per_sm in (1, 2):
             variants[f"stream {label} {per_sm}/SM"] = ops.RowsLaunch("stream", config, target_programs=per_sm * sms)
+    variants["stream prefetch"] = ops.RowsLaunch("stream", ops.STREAM_GEMV, target_programs=2 * sms, prefetch=True)
     return variants
 
 

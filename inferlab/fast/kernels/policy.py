@@ -70,7 +70,8 @@ class RowsLaunch:
     (`_gemv_stream_kernel`, the work spread evenly over a fixed number of programs); its launch
     shape (None: the policy's for that kernel: for "rowwise", the one-row kernel's); for "tensor",
     the split-K target (programs, 0: no split) and whether the first weight tile is loaded before
-    the wait; for "stream", its programs (0: the policy's `stream_per_sm` per SM)."""
+    the wait; for "stream", its programs (0: the policy's `stream_per_sm` per SM) and whether the
+    first unit's weights are loaded before the wait."""
 
     kernel: str = "tensor"
     config: LaunchConfig | None = None
@@ -130,6 +131,7 @@ class LaunchPolicy:
     # this many programs per SM (each matrix's work cut evenly between them, whatever its shape)
     stream_gemv: LaunchConfig = STREAM_GEMV
     stream_per_sm: int = STREAM_PER_SM
+    stream_prefetch: bool = False
     cuda_max_rows: int = 8
     # 8: at 16 rows down's kernel in its one-row shape (4 x 2048) spills (`inferlab.fast.aot`)
     rowwise_max_rows: int = 8
@@ -286,7 +288,7 @@ class LaunchPolicy:
         if rows < self.rows_min_batch:
             return RowsLaunch("row", self.gemv_config(n, k, gated))
         if self.batched == "stream":
-            return RowsLaunch("stream", self.stream_gemv)
+            return RowsLaunch("stream", self.stream_gemv, prefetch=self.stream_prefetch)
         return RowsLaunch("tensor", self.rows_gemv, self.rows_target_programs, self.rows_prefetch)
 
 

@@ -512,13 +512,69 @@ def _stream_arrive(part_ptr, arrivals_ptr, tile, offs_m, mask_m, res_ptr, out_pt
 
 
 @triton.jit
+def _stream_weights(w_ptr, u, live, N: tl.constexpr, K: tl.constexpr, K_TILES: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr):
+    """Unit u's weight tile [BLOCK_N, BLOCK_K] (and its up tile when GATED; else the same tile),
+    zero when not `live`; with the unit's weight rows, their mask and its columns."""
+    t = u // K_TILES
+    offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_k = (u - t * K_TILES) * BLOCK_K + tl.arange(0, BLOCK_K)
+    w = _unit_tile(w_ptr, offs_n, offs_k, mask_n & live, K, EVEN_K)
+    up = w
+    if GATED:
+        up = _unit_tile(w_ptr, offs_n + N, offs_k, mask_n & live, K, EVEN_K)
+    return w, up, offs_n, mask_n, offs_k
+
+
+@triton.jit
+def _stream_products(w, up, x_rows, norm_ptr, offs_k, live, mask_m, acc, acc_up, squares, K: tl.constexpr,
+                     NORM: tl.constexpr, GATED: tl.constexpr, FP32: tl.constexpr, dtype):
+    """acc + w @ x tile^T (and acc_up + up @ x tile^T), x times the norm weight when NORM, with
+    the rows' sums of x^2 over the tile added to `squares`."""
+    xv = tl.load(x_rows + offs_k[None, :], mask=(mask_m[:, None] & live) & (offs_k[None, :] < K), other=0.0)
+    if NORM:
+        xf = xv.to(tl.float32)
+        squares += tl.sum(xf * xf, axis=1)
+        g = tl.load(norm_ptr + offs_k, mask=live & (offs_k < K), other=0.0)
+        xv = (g.to(tl.float32)[None, :] * xf).to(dtype)
+    acc = _swap_dot(w, xv, acc, FP32)
+    if GATED:
+        acc_up = _swap_dot(up, xv, acc_up, FP32)
+    return acc, acc_up, squares
+
+
+@triton.jit
+def _stream_unit_end(acc, acc_up, squares, u, live, u_first, p, tile_m, offs_n, mask_n, offs_m, mask_m, part_ptr,
+                     res_ptr, out_ptr, eps, N: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr,
+                     GATED: tl.constexpr, RESIDUAL: tl.constexpr, UNITS: tl.constexpr, PROGRAMS: tl.constexpr,
+                     K_TILES: tl.constexpr, N_TILES: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, dtype):
+    """After unit u: where it ends its tile, the epilogue (the whole tile was this program's) or
+    the partial sums into this program's slot (its first tile, begun by another), and the sums
+    back to 0."""
+    t = u // K_TILES
+    if live & (u - t * K_TILES == K_TILES - 1):
+        if u_first <= t * K_TILES:
+            _stream_epilogue(acc, acc_up, squares, offs_n, offs_m, mask_n, mask_m, res_ptr, out_ptr, eps,
+                             N, K, NORM, GATED, RESIDUAL, dtype)
+        else:
+            _stream_slot(part_ptr, tile_m * N_TILES + t, p, acc, acc_up, squares, UNITS, PROGRAMS, K_TILES,
+                         SLOTS, BLOCK_M, BLOCK_N, NORM, GATED, N_TILES)
+        acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+    return acc, acc_up, squares
+
+
+@triton.jit
 def _gemv_stream_kernel(
     x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, part_ptr, arrivals_ptr,
     M, eps,
     N: tl.constexpr, K: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-    PROGRAMS: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr,
+    PROGRAMS: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """out[m, n] for BLOCK_M rows m and every n, on the tensor cores, the matrix's work spread
     evenly over PROGRAMS programs whatever its shape (stream-K).
@@ -541,6 +597,9 @@ def _gemv_stream_kernel(
     epilogue scales by 1 / sqrt(mean(x^2) + eps), a factor per row; so no pass over x runs before
     the weights stream. In bf16 that rounds at another point than the specification (x * scale,
     then * norm-weight, each rounded): an error of the same size.
+
+    PREFETCH loads the first unit's weight tile before waiting on the previous kernel, as the
+    one-row kernel does, and multiplies it once the input is in.
     """
     p = tl.program_id(0)
     tile_m = tl.program_id(1)
@@ -553,41 +612,34 @@ def _gemv_stream_kernel(
     mask_m = offs_m < M
     x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K
     dtype = w_ptr.dtype.element_ty
+    STEPS: tl.constexpr = (UNITS + PROGRAMS - 1) // PROGRAMS  # units of the longest range
+    if PREFETCH:  # the first unit's weights, before the wait (weights are never written)
+        w_first, up_first, offs_n, mask_n, offs_k = _stream_weights(w_ptr, u_first, u_first < u_end, N, K, K_TILES,
+                                                                    BLOCK_N, BLOCK_K, GATED, EVEN_K)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-    STEPS: tl.constexpr = (UNITS + PROGRAMS - 1) // PROGRAMS  # units of the longest range
-    for i in range(STEPS):  # a bound known to the compiler; a shorter range idles its last step
+    if PREFETCH:
+        acc, acc_up, squares = _stream_products(w_first, up_first, x_rows, norm_ptr, offs_k, u_first < u_end, mask_m,
+                                                acc, acc_up, squares, K, NORM, GATED, FP32, dtype)
+        acc, acc_up, squares = _stream_unit_end(acc, acc_up, squares, u_first, u_first < u_end, u_first, p, tile_m,
+                                                offs_n, mask_n, offs_m, mask_m, part_ptr, res_ptr, out_ptr, eps, N, K,
+                                                NORM, GATED, RESIDUAL, UNITS, PROGRAMS, K_TILES, N_TILES, SLOTS,
+                                                BLOCK_M, BLOCK_N, dtype)
+    # a bound known to the compiler; a shorter range idles its last step
+    for i in range(1 if PREFETCH else 0, STEPS):
         u = u_first + i
         live = u < u_end
-        t = u // K_TILES
-        kt = u - t * K_TILES
-        offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < N
-        offs_k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-        w = _unit_tile(w_ptr, offs_n, offs_k, mask_n & live, K, EVEN_K)  # [BN, BK]
-        xv = tl.load(x_rows + offs_k[None, :], mask=(mask_m[:, None] & live) & (offs_k[None, :] < K), other=0.0)
-        if NORM:
-            xf = xv.to(tl.float32)
-            squares += tl.sum(xf * xf, axis=1)
-            g = tl.load(norm_ptr + offs_k, mask=live & (offs_k < K), other=0.0)
-            xv = (g.to(tl.float32)[None, :] * xf).to(dtype)
-        acc = _swap_dot(w, xv, acc, FP32)
-        if GATED:
-            acc_up = _swap_dot(_unit_tile(w_ptr, offs_n + N, offs_k, mask_n & live, K, EVEN_K), xv, acc_up, FP32)
-        if live & (kt == K_TILES - 1):
-            if u_first <= t * K_TILES:  # the whole tile is this program's
-                _stream_epilogue(acc, acc_up, squares, offs_n, offs_m, mask_n, mask_m, res_ptr, out_ptr, eps,
-                                 N, K, NORM, GATED, RESIDUAL, dtype)
-            else:  # this program's first tile, begun by another
-                _stream_slot(part_ptr, tile_m * N_TILES + t, p, acc, acc_up, squares, UNITS, PROGRAMS, K_TILES,
-                             SLOTS, BLOCK_M, BLOCK_N, NORM, GATED, N_TILES)
-            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            squares = tl.zeros([BLOCK_M], dtype=tl.float32)
+        w, up, offs_n, mask_n, offs_k = _stream_weights(w_ptr, u, live, N, K, K_TILES, BLOCK_N, BLOCK_K, GATED, EVEN_K)
+        acc, acc_up, squares = _stream_products(w, up, x_rows, norm_ptr, offs_k, live, mask_m, acc, acc_up, squares,
+                                                K, NORM, GATED, FP32, dtype)
+        acc, acc_up, squares = _stream_unit_end(acc, acc_up, squares, u, live, u_first, p, tile_m, offs_n, mask_n,
+                                                offs_m, mask_m, part_ptr, res_ptr, out_ptr, eps, N, K, NORM, GATED,
+                                                RESIDUAL, UNITS, PROGRAMS, K_TILES, N_TILES, SLOTS, BLOCK_M, BLOCK_N,
+                                                dtype)
     t_first = u_first // K_TILES
     t_last = (u_end - 1) // K_TILES
     ends_inside = (u_end > u_first) & (u_end % K_TILES != 0)  # the last tile goes on in the next program
@@ -691,7 +743,7 @@ def gemv(
         _gemv_stream_kernel[(programs, m_tiles)](
             *operands[:5], part, arrivals, *operands[5:], **flags, BLOCK_M=policy.rows_block_m, BLOCK_N=c.block_n,
             BLOCK_K=c.block_k, EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, PROGRAMS=programs, SLOTS=slots,
-            FP32=weight.dtype == torch.float32, num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
+            FP32=weight.dtype == torch.float32, PREFETCH=launch.prefetch, num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
         )
         return out
     if launch.kernel == "row":
