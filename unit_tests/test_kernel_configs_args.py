@@ -88,8 +88,11 @@ def test_each_batch_size_is_probed_with_the_kernels_that_can_serve_it(kernel_con
     assert four["tensor prefetch"].prefetch and four["tensor split-K 264"].target_programs == 264
     assert four["tensor"] == ops.RowsLaunch("tensor") and four["per-row"].kernel == "row"
     # each probe's policy runs its launch at that many rows, for that matrix only, from 2 rows
-    two = kernel_configs.rows_variants(2, 2560, 2048, False)
-    for rows, variants in ((2, two), (4, four), (16, sixteen)):
+    two, one = kernel_configs.rows_variants(2, 2560, 2048, False), kernel_configs.rows_variants(1, 2560, 2048, False)
+    # the stream-K kernel in each of its units at 1 and 2 programs per SM (4 SMs without CUDA), and prefetching
+    assert four["stream n64 k128 2/SM"] == ops.RowsLaunch("stream", ops.STREAM_GEMV, target_programs=2 * 4)
+    assert four["stream prefetch"].prefetch and four["stream n32 k256 1/SM"].config.block_n == 32
+    for rows, variants in ((1, one), (2, two), (4, four), (16, sixteen)):
         for label, launch in variants.items():
             policy = kernel_configs.rows_policy(2560, 2048, False, rows, launch)
             assert policy.rows_launch(2560, 2048, False, rows) == launch, label
