@@ -809,6 +809,9 @@ ENGINE_POLICIES = {
     "cuda-batch-early-wide-2": (2, {"batched": "cuda", "wide_rms": True, "early_loads": True}, None),
     "rowwise-2": (2, {"batched": "rowwise"}, None),
     "rowwise-early-3": (3, {"batched": "rowwise", "early_loads": True}, None),
+    # the stream-K kernel: at 4 rows, and from 2 rows with its first unit loaded before the wait
+    "stream-4": (4, {"batched": "stream", "rows": {}}, None),
+    "stream-prefetch-2": (2, {"batched": "stream", "rows": {}, "rows_min_batch": 2, "stream_prefetch": True}, None),
 }
 
 
