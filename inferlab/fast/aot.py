@@ -102,7 +102,7 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         n_tiles, k_tiles = -(-n // stream.block_n), -(-k // stream.block_k)
         programs = min(264, n_tiles * k_tiles)
         flags = dict(N=n, K=k, NORM=n != 2048, GATED=gated, RESIDUAL=n == 2048, BLOCK_M=16, BLOCK_N=stream.block_n,
-                     BLOCK_K=stream.block_k, EVEN_N=n % stream.block_n == 0, EVEN_K=k % stream.block_k == 0,
+                     BLOCK_K=stream.block_k, EVEN_K=k % stream.block_k == 0,
                      PROGRAMS=programs, SLOTS=kernels.projections.stream_slots(n_tiles, k_tiles, programs), PDL=True,
                      FP32=False, PREFETCH=prefetch)
         cases.append((f"stream {n}x{k} {programs} programs{' prefetch' if prefetch else ''}", kernels.projections._gemv_stream_kernel,

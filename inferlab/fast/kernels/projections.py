@@ -5,7 +5,9 @@ SiLU x up or the residual add after it fused in.
 - `_gemv_rows_kernel`: from `LaunchPolicy.rows_min_batch` rows, small matrix products on the
   tensor cores that read each weight tile once for the whole batch (split over K on request);
 - `_gemv_batch_kernel`: 2-8 rows on the CUDA cores (`LaunchPolicy(batched="cuda")`), or 2-8
-  rows one row at a time in the one-row kernel's long tiles (`LaunchPolicy(batched="rowwise")`).
+  rows one row at a time in the one-row kernel's long tiles (`LaunchPolicy(batched="rowwise")`);
+- `_gemv_stream_kernel`: the tensor-core products with each matrix's work cut evenly between a
+  fixed number of programs, whatever its shape (stream-K, `LaunchPolicy(batched="stream")`).
 
 `gemv` picks one by the policy and the number of rows.
 """
@@ -573,7 +575,7 @@ def _gemv_stream_kernel(
     M, eps,
     N: tl.constexpr, K: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     PROGRAMS: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """out[m, n] for BLOCK_M rows m and every n, on the tensor cores, the matrix's work spread
@@ -713,8 +715,9 @@ def gemv(
     `_gemv_kernel`, from there `_gemv_rows_kernel`; with `policy.batched == "cuda"`, 2 to
     `policy.cuda_max_rows` rows run `_gemv_batch_kernel`, with "rowwise" 2 to
     `policy.rowwise_max_rows` rows run it one row at a time in the one-row kernel's launch shape
-    (`_rowwise_tile`); a matrix measured at that many rows (`policy.rows`) runs the kernel
-    measured fastest. `config` overrides the launch shape.
+    (`_rowwise_tile`); with "stream", from `policy.rows_min_batch` rows `_gemv_stream_kernel`; a
+    matrix measured at that many rows (`policy.rows`) runs the kernel measured fastest. `config`
+    overrides the launch shape.
     """
     M, K = x.shape
     N = weight.shape[0] // 2 if gated else weight.shape[0]
@@ -742,7 +745,7 @@ def gemv(
         part, arrivals = _stream_scratch(x.device, m_tiles * n_tiles, slots, policy.rows_block_m, c.block_n)
         _gemv_stream_kernel[(programs, m_tiles)](
             *operands[:5], part, arrivals, *operands[5:], **flags, BLOCK_M=policy.rows_block_m, BLOCK_N=c.block_n,
-            BLOCK_K=c.block_k, EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, PROGRAMS=programs, SLOTS=slots,
+            BLOCK_K=c.block_k, EVEN_K=K % c.block_k == 0, PROGRAMS=programs, SLOTS=slots,
             FP32=weight.dtype == torch.float32, PREFETCH=launch.prefetch, num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
         )
         return out
