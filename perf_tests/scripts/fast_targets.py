@@ -11,7 +11,9 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   at the reference shape and at prompt `--long-prompt`;
 - the fast engine at each `--batch-sizes` (from 4 rows also without the batched launches measured
   per matrix, `LaunchPolicy(rows={})`; from 2 rows also with every batched matrix in the stream-K
-  kernel, `LaunchPolicy(batched="stream")`, at 2 and 1 programs per SM), at prompt `--long-prompt`, with temperature 0.7 and top-p
+  kernel, `LaunchPolicy(batched="stream")`, at 2 and 1 programs per SM and with its first unit
+  loaded before the wait; at 1 row with every matrix, or TinyLlama's [q; k; v] and o alone, in
+  it), at prompt `--long-prompt`, with temperature 0.7 and top-p
   0.9 sampling (the step ending in the sampling kernel of one program a row, the default; the
   same with top-p found by bisection alone, `LaunchPolicy(sample_candidates=0)`; in the split
   sampling kernel, `LaunchPolicy(sampling="split")`; and in compiled torch ops,
