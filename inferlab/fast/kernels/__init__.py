@@ -41,7 +41,7 @@ import torch
 
 from inferlab.fast.kernels.attention import (attention_decode, attention_decode_split, attention_splits,
                                              combine_chunk)
-from inferlab.fast.kernels.launch import KEPT, kept, pdl_supported
+from inferlab.fast.kernels.launch import KEPT, kept, multiprocessors, pdl_supported
 from inferlab.fast.kernels.policy import (ATTENTION_BLOCK_T, ATTENTION_KERNELS, DEFAULT_GEMV, DEFAULT_POLICY,
                                           GREEDY_BLOCK_V, GREEDY_WARPS, MAX_SPLITS, MEASURED_GEMV, MEASURED_ROWS,
                                           ROWS_GEMV, SAMPLE_CANDIDATES, SMOLLM2_GEMV, SPLIT_BLOCK_T, SPLIT_COMBINES,
@@ -100,7 +100,7 @@ class Kernels:
         if self.policy.sampling == "kernel":
             return sample_kernel_fits(vocab)
         if self.policy.sampling == "split":
-            return device.type != "cuda" or split_fits(rows, vocab, _multiprocessors(device))
+            return device.type != "cuda" or split_fits(rows, vocab, multiprocessors(device))
         return False
 
     def sample_step(self, *args, **kwargs) -> None:
@@ -109,6 +109,3 @@ class Kernels:
         else:
             sample_step(*args, **{"candidates": self.policy.sample_candidates, **kwargs})
 
-
-def _multiprocessors(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
