@@ -108,4 +108,3 @@ class Kernels:
             sample_step_split(*args, **kwargs)
         else:
             sample_step(*args, **{"candidates": self.policy.sample_candidates, **kwargs})
-
