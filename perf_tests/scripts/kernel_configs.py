@@ -153,7 +153,7 @@ def rows_variants(rows: int, N: int, K: int, gated: bool) -> dict[str, ops.RowsL
     for label, config in ROWS_TILES.items():
         variants[f"tensor {label}"] = ops.RowsLaunch("tensor", config)
         variants[f"tensor {label} split-K 264"] = ops.RowsLaunch("tensor", config, target_programs=264)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if torch.cuda.is_available() else 4
+    sms = ops.multiprocessors(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     for label, config in STREAM_TILES.items():  # stream-K: the work cut evenly, 1 or 2 programs per SM
         for per_sm in (1, 2):
             variants[f"stream {label} {per_sm}/SM"] = ops.RowsLaunch("stream", config, target_programs=per_sm * sms)

@@ -13,11 +13,17 @@ def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
+@functools.cache
+def _multiprocessors(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 def multiprocessors(device: torch.device, default: int = 4) -> int:
-    """The GPU's SMs; `default` off CUDA (the interpreter runs one program at a time)."""
+    """The GPU's SMs, read once per device (a batched launch asks each time it runs uncaptured);
+    `default` off CUDA (the interpreter runs one program at a time)."""
     if device.type != "cuda":
         return default
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def pdl_supported(device: torch.device) -> bool:

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from inferlab.fast.kernels.attention import _attend_cached, _rope
 from inferlab.fast.kernels.grid import SPIN_LIMIT, _grid_arrive, _grid_wait, interpreted, wait_errors
-from inferlab.fast.kernels.launch import kept
+from inferlab.fast.kernels.launch import kept, multiprocessors
 from inferlab.fast.kernels.projections import _silu_times
 
 PHASES = 5  # a layer: [q; k; v], attention, o, [gate; up], down
@@ -338,7 +338,7 @@ def decode_layers(
 
 def _grid(operands, strides, phases, flags, device, per_sm: int, num_warps: int) -> int:
     """SMs x per_sm programs, fewer per SM until the compiled kernel fits them all at once."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = multiprocessors(device)
     for want in range(per_sm, 0, -1):
         nprog = sms * want
         compiled = _decode_layers_kernel.warmup(*operands, 0, phases, *strides, SYNC=True, **flags(nprog), grid=(nprog,))
