@@ -62,8 +62,8 @@ __all__ = [
     "SPLIT_BLOCK_T", "SPLIT_COMBINES", "SPLIT_POLICY", "SPLIT_POSITIONS", "STREAM_GEMV", "TINYLLAMA_GEMV", "Kernels",
     "LaunchConfig", "LaunchPolicy", "RowsLaunch", "attention_decode", "attention_decode_split", "attention_splits",
     "barrier_errors", "batch_config", "combine_chunk", "decode_layers", "gemv", "gemv_config", "greedy_step",
-    "kept", "multiprocessors", "pdl_supported", "resident_programs", "rms_columns", "rows_split_k", "sample_kernel_fits",
-    "sample_step", "sample_step_split", "sample_warps", "SPLIT_CHUNK", "split_fits", "split_phases", "split_programs",
+    "kept", "multiprocessors", "pdl_supported", "resident_programs", "rms_columns", "rows_split_k",
+    "sample_kernel_fits", "sample_step", "sample_step_split", "sample_warps", "SPLIT_CHUNK", "split_fits", "split_phases", "split_programs",
     "tile_shape",
 ]
 

@@ -739,14 +739,16 @@ def gemv(
         return out
     if launch.kernel == "stream":
         c = config or launch.config or policy.stream_gemv
-        n_tiles, k_tiles, m_tiles = triton.cdiv(N, c.block_n), triton.cdiv(K, c.block_k), triton.cdiv(M, policy.rows_block_m)
+        n_tiles, k_tiles = triton.cdiv(N, c.block_n), triton.cdiv(K, c.block_k)
+        m_tiles = triton.cdiv(M, policy.rows_block_m)
         programs = min(n_tiles * k_tiles, launch.target_programs or policy.stream_per_sm * multiprocessors(x.device))
         slots = stream_slots(n_tiles, k_tiles, programs)
         part, arrivals = _stream_scratch(x.device, m_tiles * n_tiles, slots, policy.rows_block_m, c.block_n)
         _gemv_stream_kernel[(programs, m_tiles)](
             *operands[:5], part, arrivals, *operands[5:], **flags, BLOCK_M=policy.rows_block_m, BLOCK_N=c.block_n,
             BLOCK_K=c.block_k, EVEN_K=K % c.block_k == 0, PROGRAMS=programs, SLOTS=slots,
-            FP32=weight.dtype == torch.float32, PREFETCH=launch.prefetch, num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
+            FP32=weight.dtype == torch.float32, PREFETCH=launch.prefetch, num_warps=c.num_warps,
+            num_stages=c.num_stages, **_launch_options(pdl),
         )
         return out
     if launch.kernel == "row":
