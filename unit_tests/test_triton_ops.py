@@ -275,7 +275,7 @@ def test_the_stream_k_kernel_computes_the_specified_function_launch_after_launch
 def test_stream_k_ranges_cover_every_unit_once_and_its_slots_fit(kernels, n_tiles, k_tiles, programs):
     """Program p takes units p * U // P up to (p + 1) * U // P; `stream_owner` finds the program of a
     unit, and `stream_slots` is the most programs any tile is cut between (each needs a slot)."""
-    from inferlab.fast.kernels.projections import stream_owner, stream_slots
+    from inferlab.fast.kernels.stream import stream_owner, stream_slots
 
     units = n_tiles * k_tiles
     programs = min(programs, units)

@@ -103,9 +103,9 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         programs = min(264, n_tiles * k_tiles)
         flags = dict(N=n, K=k, NORM=n != 2048, GATED=gated, RESIDUAL=n == 2048, BLOCK_M=16, BLOCK_N=stream.block_n,
                      BLOCK_K=stream.block_k, EVEN_K=k % stream.block_k == 0,
-                     PROGRAMS=programs, SLOTS=kernels.projections.stream_slots(n_tiles, k_tiles, programs), PDL=True,
+                     PROGRAMS=programs, SLOTS=kernels.stream.stream_slots(n_tiles, k_tiles, programs), PDL=True,
                      FP32=False, PREFETCH=prefetch)
-        cases.append((f"stream {n}x{k} {programs} programs{' prefetch' if prefetch else ''}", kernels.projections._gemv_stream_kernel,
+        cases.append((f"stream {n}x{k} {programs} programs{' prefetch' if prefetch else ''}", kernels.stream._gemv_stream_kernel,
                       dict(gemv, part_ptr=fp32, arrivals_ptr=i32), flags,
                       dict(num_warps=stream.num_warps, num_stages=stream.num_stages)))
     for rows in (2, 4, 8):  # the CUDA-core batch kernel (LaunchPolicy(batched="cuda")) at its row counts

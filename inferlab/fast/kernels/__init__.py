@@ -19,7 +19,7 @@ PDL, so every decode step starts after the previous step has completely finished
 
 From ROWS_MIN_BATCH batch rows on, the projections run `_gemv_rows_kernel` instead: small matrix
 products on the tensor cores that read each weight tile once for the whole batch; or, with
-`LaunchPolicy(batched="stream")`, `_gemv_stream_kernel`, the same products with each matrix's work
+`LaunchPolicy(batched="stream")`, `stream._gemv_stream_kernel`, the same products with each matrix's work
 cut evenly between a fixed number of programs (stream-K).
 
 Launch shapes (rows per program, K-tile, warps, pipelining depth) come from `gemv_config`,
@@ -28,9 +28,10 @@ get the default row. Importing this package needs Triton; `inferlab.fast.engine`
 CUDA (or under ``TRITON_INTERPRET=1``, which runs the kernels on the CPU for tests).
 
 Modules: `policy` (launch shapes and `LaunchPolicy`, plain data), `launch` (PDL, kept buffers),
-`projections`, `attention`, `step` (the kernels and their launches), `persistent` (every layer
-of a batch-1 step in one kernel, `LaunchPolicy(persistent=True)`); `Kernels` below binds them
-to one launch mode and policy.
+`tiles` (the loads and products the projections share), `projections`, `stream`, `attention`,
+`step` (the kernels and their launches), `persistent` (every layer of a batch-1 step in one
+kernel, `LaunchPolicy(persistent=True)`); `Kernels` below binds them to one launch mode and
+policy.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ import triton.language as tl
 from inferlab.fast.kernels.attention import _attend_cached, _rope
 from inferlab.fast.kernels.grid import SPIN_LIMIT, _grid_arrive, _grid_wait, interpreted, wait_errors
 from inferlab.fast.kernels.launch import kept, multiprocessors
-from inferlab.fast.kernels.projections import _silu_times
+from inferlab.fast.kernels.tiles import _silu_times
 
 PHASES = 5  # a layer: [q; k; v], attention, o, [gate; up], down
 REGISTERS_PER_SM, SHARED_PER_SM, THREADS_PER_SM = 65536, 228 * 1024, 2048  # Hopper
