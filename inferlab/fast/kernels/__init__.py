@@ -51,10 +51,11 @@ from inferlab.fast.kernels.policy import (ATTENTION_BLOCK_T, ATTENTION_KERNELS, 
                                           RowsLaunch, gemv_config)
 from inferlab.fast.kernels.grid import barrier_errors
 from inferlab.fast.kernels.persistent import decode_layers, resident_programs, tile_shape
-from inferlab.fast.kernels.projections import batch_config, gemv, rms_columns, rows_split_k
+from inferlab.fast.kernels.projections import batch_config, gemv, rows_split_k
 from inferlab.fast.kernels.sampling import CHUNK as SPLIT_CHUNK
 from inferlab.fast.kernels.sampling import sample_step_split, split_fits, split_phases, split_programs
 from inferlab.fast.kernels.step import SAMPLE_MAX_VOCAB, greedy_step, sample_kernel_fits, sample_step, sample_warps
+from inferlab.fast.kernels.tiles import rms_columns
 
 __all__ = [
     "ATTENTION_BLOCK_T", "ATTENTION_KERNELS", "DEFAULT_GEMV", "DEFAULT_POLICY", "GREEDY_BLOCK_V", "GREEDY_WARPS",

@@ -23,7 +23,7 @@ from inferlab.fast.kernels.launch import _launch_options, _use_pdl, kept
 from inferlab.fast.kernels.policy import DEFAULT_POLICY, LaunchConfig, LaunchPolicy
 from inferlab.fast.kernels.stream import gemv_stream
 from inferlab.fast.kernels.tiles import (_input_rows, _input_tile, _load_row, _normed, _rms_scale, _rms_scales,
-                                         _rms_scales_wide, _silu_times, _tile_dot, _weight_tile)
+                                         _rms_scales_wide, _silu_times, _tile_dot, _weight_tile, rms_columns)
 
 
 @triton.jit
@@ -313,12 +313,6 @@ def _gemv_batch_kernel(
             r = tl.load(res_ptr + at, mask=mask, other=0.0)
         y = (r.to(tl.float32) + y.to(tl.float32)).to(dtype)
     tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=mask)
-
-
-def rms_columns(rows: int, k: int, elements: int = 8192) -> int:
-    """Columns per tile of `_rms_scales_wide` over `rows` rows (a power of two): `elements` values
-    a tile (128 bytes a thread of bf16 over 4 warps), at most K rounded up to a power of two."""
-    return min(triton.next_power_of_2(k), max(16, elements // rows))
 
 
 def batch_config(rows: int, gated: bool, elements: int = 4096) -> LaunchConfig:

@@ -14,7 +14,7 @@ import triton.language as tl
 
 from inferlab.fast.kernels.launch import _launch_options, kept, multiprocessors
 from inferlab.fast.kernels.policy import LaunchConfig
-from inferlab.fast.kernels.tiles import _silu_times
+from inferlab.fast.kernels.tiles import _input_rows, _rms_scales_wide, _silu_times, rms_columns
 
 
 @triton.jit
@@ -45,15 +45,9 @@ def _stream_owner(unit, UNITS: tl.constexpr, PROGRAMS: tl.constexpr):
 
 
 @triton.jit
-def _stream_epilogue(acc, acc_up, squares, offs_n, offs_m, mask_n, mask_m, res_ptr, out_ptr, eps,
-                     N: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                     RESIDUAL: tl.constexpr, dtype):
-    """out[m, n] from the sums acc [BLOCK_N, BLOCK_M] (and acc_up when GATED) over the whole of K,
-    scaled by each row's RMS scale when NORM (`squares`: each row's sum of x^2)."""
-    if NORM:
-        scale = 1.0 / tl.sqrt(squares / K + eps)
-        acc = acc * scale[None, :]
-        acc_up = acc_up * scale[None, :]
+def _stream_epilogue(acc, acc_up, offs_n, offs_m, mask_n, mask_m, res_ptr, out_ptr, N: tl.constexpr,
+                     GATED: tl.constexpr, RESIDUAL: tl.constexpr, dtype):
+    """out[m, n] from the sums acc [BLOCK_N, BLOCK_M] (and acc_up when GATED) over the whole of K."""
     y = acc.to(dtype)
     if GATED:
         y = _silu_times(y, acc_up.to(dtype), dtype)
@@ -66,29 +60,27 @@ def _stream_epilogue(acc, acc_up, squares, offs_n, offs_m, mask_n, mask_m, res_p
 
 
 @triton.jit
-def _stream_slot(part_ptr, tile, p, acc, acc_up, squares, UNITS: tl.constexpr, PROGRAMS: tl.constexpr,
+def _stream_slot(part_ptr, tile, p, acc, acc_up, UNITS: tl.constexpr, PROGRAMS: tl.constexpr,
                  K_TILES: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 NORM: tl.constexpr, GATED: tl.constexpr, N_TILES: tl.constexpr):
+                 GATED: tl.constexpr, N_TILES: tl.constexpr):
     """Store program p's partial sums of `tile` (an index over row tiles and weight tiles) in its slot."""
-    PART: tl.constexpr = 2 * BLOCK_N * BLOCK_M + BLOCK_M
+    PART: tl.constexpr = 2 * BLOCK_N * BLOCK_M
     cell = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
     owner = _stream_owner((tile % N_TILES) * K_TILES, UNITS, PROGRAMS)
     slot = part_ptr + (tile * SLOTS + p - owner).to(tl.int64) * PART
     tl.store(slot + cell, acc)
     if GATED:
         tl.store(slot + BLOCK_N * BLOCK_M + cell, acc_up)
-    if NORM:
-        tl.store(slot + 2 * BLOCK_N * BLOCK_M + tl.arange(0, BLOCK_M), squares)
 
 
 @triton.jit
-def _stream_arrive(part_ptr, arrivals_ptr, tile, offs_m, mask_m, res_ptr, out_ptr, eps,
-                   N: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr, GATED: tl.constexpr,
-                   RESIDUAL: tl.constexpr, UNITS: tl.constexpr, PROGRAMS: tl.constexpr, K_TILES: tl.constexpr,
-                   N_TILES: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, dtype):
+def _stream_arrive(part_ptr, arrivals_ptr, tile, offs_m, mask_m, res_ptr, out_ptr, N: tl.constexpr,
+                   GATED: tl.constexpr, RESIDUAL: tl.constexpr, UNITS: tl.constexpr, PROGRAMS: tl.constexpr,
+                   K_TILES: tl.constexpr, N_TILES: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, dtype):
     """Count this program's slot of `tile` as written; the last of the tile's programs to arrive
     adds every slot in order, applies the epilogue and resets the count to 0."""
-    PART: tl.constexpr = 2 * BLOCK_N * BLOCK_M + BLOCK_M
+    PART: tl.constexpr = 2 * BLOCK_N * BLOCK_M
     t = tile % N_TILES
     owner = _stream_owner(t * K_TILES, UNITS, PROGRAMS)
     owners = _stream_owner(t * K_TILES + K_TILES - 1, UNITS, PROGRAMS) - owner + 1
@@ -98,20 +90,16 @@ def _stream_arrive(part_ptr, arrivals_ptr, tile, offs_m, mask_m, res_ptr, out_pt
         cell = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
         for s in range(SLOTS):  # the tile's `owners` slots, in order
             slot = part_ptr + (tile * SLOTS + s).to(tl.int64) * PART
             used = s < owners
             acc += tl.load(slot + cell, mask=used, other=0.0, cache_modifier=".cg")
             if GATED:
                 acc_up += tl.load(slot + BLOCK_N * BLOCK_M + cell, mask=used, other=0.0, cache_modifier=".cg")
-            if NORM:
-                squares += tl.load(slot + 2 * BLOCK_N * BLOCK_M + tl.arange(0, BLOCK_M), mask=used, other=0.0,
-                                   cache_modifier=".cg")
         tl.atomic_xchg(arrivals_ptr + tile, 0)
         offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
-        _stream_epilogue(acc, acc_up, squares, offs_n, offs_m, offs_n < N, mask_m, res_ptr, out_ptr, eps,
-                         N, K, NORM, GATED, RESIDUAL, dtype)
+        _stream_epilogue(acc, acc_up, offs_n, offs_m, offs_n < N, mask_m, res_ptr, out_ptr, N, GATED, RESIDUAL,
+                         dtype)
 
 
 @triton.jit
@@ -131,43 +119,35 @@ def _stream_weights(w_ptr, u, live, N: tl.constexpr, K: tl.constexpr, K_TILES: t
 
 
 @triton.jit
-def _stream_products(w, up, x_rows, norm_ptr, offs_k, live, mask_m, acc, acc_up, squares, K: tl.constexpr,
+def _stream_products(w, up, x_rows, norm_ptr, offs_k, scale, live, mask_m, acc, acc_up, K: tl.constexpr,
                      NORM: tl.constexpr, GATED: tl.constexpr, FP32: tl.constexpr, dtype):
-    """acc + w @ x tile^T (and acc_up + up @ x tile^T), x times the norm weight when NORM, with
-    the rows' sums of x^2 over the tile added to `squares`."""
-    xv = tl.load(x_rows + offs_k[None, :], mask=(mask_m[:, None] & live) & (offs_k[None, :] < K), other=0.0)
-    if NORM:
-        xf = xv.to(tl.float32)
-        squares += tl.sum(xf * xf, axis=1)
-        g = tl.load(norm_ptr + offs_k, mask=live & (offs_k < K), other=0.0)
-        xv = (g.to(tl.float32)[None, :] * xf).to(dtype)
+    """acc + w @ x tile^T (and acc_up + up @ x tile^T), x normalized (its rows' RMS `scale`, then
+    the norm weight) and rounded as the specification rounds it when NORM."""
+    xv = _input_rows(x_rows, mask_m & live, norm_ptr, offs_k, scale, K, NORM, dtype).to(dtype)
     acc = _swap_dot(w, xv, acc, FP32)
     if GATED:
         acc_up = _swap_dot(up, xv, acc_up, FP32)
-    return acc, acc_up, squares
+    return acc, acc_up
 
 
 @triton.jit
-def _stream_unit_end(acc, acc_up, squares, u, live, u_first, p, tile_m, offs_n, mask_n, offs_m, mask_m, part_ptr,
-                     res_ptr, out_ptr, eps, N: tl.constexpr, K: tl.constexpr, NORM: tl.constexpr,
-                     GATED: tl.constexpr, RESIDUAL: tl.constexpr, UNITS: tl.constexpr, PROGRAMS: tl.constexpr,
-                     K_TILES: tl.constexpr, N_TILES: tl.constexpr, SLOTS: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, dtype):
+def _stream_unit_end(acc, acc_up, u, live, u_first, p, tile_m, offs_n, mask_n, offs_m, mask_m, part_ptr, res_ptr,
+                     out_ptr, N: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr, UNITS: tl.constexpr,
+                     PROGRAMS: tl.constexpr, K_TILES: tl.constexpr, N_TILES: tl.constexpr, SLOTS: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, dtype):
     """After unit u: where it ends its tile, the epilogue (the whole tile was this program's) or
     the partial sums into this program's slot (its first tile, begun by another), and the sums
     back to 0."""
     t = u // K_TILES
     if live & (u - t * K_TILES == K_TILES - 1):
         if u_first <= t * K_TILES:
-            _stream_epilogue(acc, acc_up, squares, offs_n, offs_m, mask_n, mask_m, res_ptr, out_ptr, eps,
-                             N, K, NORM, GATED, RESIDUAL, dtype)
+            _stream_epilogue(acc, acc_up, offs_n, offs_m, mask_n, mask_m, res_ptr, out_ptr, N, GATED, RESIDUAL, dtype)
         else:
-            _stream_slot(part_ptr, tile_m * N_TILES + t, p, acc, acc_up, squares, UNITS, PROGRAMS, K_TILES,
-                         SLOTS, BLOCK_M, BLOCK_N, NORM, GATED, N_TILES)
+            _stream_slot(part_ptr, tile_m * N_TILES + t, p, acc, acc_up, UNITS, PROGRAMS, K_TILES, SLOTS, BLOCK_M,
+                         BLOCK_N, GATED, N_TILES)
         acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
         acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-        squares = tl.zeros([BLOCK_M], dtype=tl.float32)
-    return acc, acc_up, squares
+    return acc, acc_up
 
 
 @triton.jit
@@ -178,6 +158,7 @@ def _gemv_stream_kernel(
     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     PROGRAMS: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr, PREFETCH: tl.constexpr,
+    RMS_M: tl.constexpr, RMS_K: tl.constexpr,
 ):
     """out[m, n] for BLOCK_M rows m and every n, on the tensor cores, the matrix's work spread
     evenly over PROGRAMS programs whatever its shape (stream-K).
@@ -195,11 +176,8 @@ def _gemv_stream_kernel(
     the arrival order), applies the epilogue and resets the count to 0. Nothing waits on another
     program.
 
-    With NORM the RMS scale is applied to the sums, not to x: each unit multiplies by
-    x * norm-weight (rounded to the weights' dtype) and sums x^2 over its columns beside, and the
-    epilogue scales by 1 / sqrt(mean(x^2) + eps), a factor per row; so no pass over x runs before
-    the weights stream. In bf16 that rounds at another point than the specification (x * scale,
-    then * norm-weight, each rounded): an error of the same size.
+    With NORM each program first takes its rows' RMS scales (`_rms_scales_wide`: the RMS_M rows
+    that can exist, RMS_K columns a load) and normalizes each x tile as the specification does.
 
     PREFETCH loads the first unit's weight tile before waiting on the previous kernel, as the
     one-row kernel does, and multiplies it once the input is in.
@@ -222,42 +200,40 @@ def _gemv_stream_kernel(
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
+    scale = tl.full([BLOCK_M], 1.0, tl.float32)
+    if NORM:
+        scale = _rms_scales_wide(x_ptr, tile_m * BLOCK_M, M, eps, K, BLOCK_M, RMS_M, RMS_K)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    squares = tl.zeros([BLOCK_M], dtype=tl.float32)
     if PREFETCH:
-        acc, acc_up, squares = _stream_products(w_first, up_first, x_rows, norm_ptr, offs_k, u_first < u_end, mask_m,
-                                                acc, acc_up, squares, K, NORM, GATED, FP32, dtype)
-        acc, acc_up, squares = _stream_unit_end(acc, acc_up, squares, u_first, u_first < u_end, u_first, p, tile_m,
-                                                offs_n, mask_n, offs_m, mask_m, part_ptr, res_ptr, out_ptr, eps, N, K,
-                                                NORM, GATED, RESIDUAL, UNITS, PROGRAMS, K_TILES, N_TILES, SLOTS,
-                                                BLOCK_M, BLOCK_N, dtype)
+        acc, acc_up = _stream_products(w_first, up_first, x_rows, norm_ptr, offs_k, scale, u_first < u_end, mask_m,
+                                       acc, acc_up, K, NORM, GATED, FP32, dtype)
+        acc, acc_up = _stream_unit_end(acc, acc_up, u_first, u_first < u_end, u_first, p, tile_m, offs_n, mask_n,
+                                       offs_m, mask_m, part_ptr, res_ptr, out_ptr, N, GATED, RESIDUAL, UNITS,
+                                       PROGRAMS, K_TILES, N_TILES, SLOTS, BLOCK_M, BLOCK_N, dtype)
     # a bound known to the compiler; a shorter range idles its last step
     for i in range(1 if PREFETCH else 0, STEPS):
         u = u_first + i
         live = u < u_end
         w, up, offs_n, mask_n, offs_k = _stream_weights(w_ptr, u, live, N, K, K_TILES, BLOCK_N, BLOCK_K, GATED, EVEN_K)
-        acc, acc_up, squares = _stream_products(w, up, x_rows, norm_ptr, offs_k, live, mask_m, acc, acc_up, squares,
-                                                K, NORM, GATED, FP32, dtype)
-        acc, acc_up, squares = _stream_unit_end(acc, acc_up, squares, u, live, u_first, p, tile_m, offs_n, mask_n,
-                                                offs_m, mask_m, part_ptr, res_ptr, out_ptr, eps, N, K, NORM, GATED,
-                                                RESIDUAL, UNITS, PROGRAMS, K_TILES, N_TILES, SLOTS, BLOCK_M, BLOCK_N,
-                                                dtype)
+        acc, acc_up = _stream_products(w, up, x_rows, norm_ptr, offs_k, scale, live, mask_m, acc, acc_up, K, NORM,
+                                       GATED, FP32, dtype)
+        acc, acc_up = _stream_unit_end(acc, acc_up, u, live, u_first, p, tile_m, offs_n, mask_n, offs_m, mask_m,
+                                       part_ptr, res_ptr, out_ptr, N, GATED, RESIDUAL, UNITS, PROGRAMS, K_TILES,
+                                       N_TILES, SLOTS, BLOCK_M, BLOCK_N, dtype)
     t_first = u_first // K_TILES
     t_last = (u_end - 1) // K_TILES
     ends_inside = (u_end > u_first) & (u_end % K_TILES != 0)  # the last tile goes on in the next program
     if ends_inside:
-        _stream_slot(part_ptr, tile_m * N_TILES + t_last, p, acc, acc_up, squares, UNITS, PROGRAMS, K_TILES, SLOTS,
-                     BLOCK_M, BLOCK_N, NORM, GATED, N_TILES)
+        _stream_slot(part_ptr, tile_m * N_TILES + t_last, p, acc, acc_up, UNITS, PROGRAMS, K_TILES, SLOTS, BLOCK_M,
+                     BLOCK_N, GATED, N_TILES)
     if (u_end > u_first) & (u_first % K_TILES != 0) & ((t_first < t_last) | (not ends_inside)):
         # the first tile was begun by another program and ended in this one's loop
-        _stream_arrive(part_ptr, arrivals_ptr, tile_m * N_TILES + t_first, offs_m, mask_m, res_ptr, out_ptr, eps,
-                       N, K, NORM, GATED, RESIDUAL, UNITS, PROGRAMS, K_TILES, N_TILES, SLOTS, BLOCK_M, BLOCK_N,
-                       dtype)
+        _stream_arrive(part_ptr, arrivals_ptr, tile_m * N_TILES + t_first, offs_m, mask_m, res_ptr, out_ptr, N,
+                       GATED, RESIDUAL, UNITS, PROGRAMS, K_TILES, N_TILES, SLOTS, BLOCK_M, BLOCK_N, dtype)
     if ends_inside:
-        _stream_arrive(part_ptr, arrivals_ptr, tile_m * N_TILES + t_last, offs_m, mask_m, res_ptr, out_ptr, eps,
-                       N, K, NORM, GATED, RESIDUAL, UNITS, PROGRAMS, K_TILES, N_TILES, SLOTS, BLOCK_M, BLOCK_N,
-                       dtype)
+        _stream_arrive(part_ptr, arrivals_ptr, tile_m * N_TILES + t_last, offs_m, mask_m, res_ptr, out_ptr, N,
+                       GATED, RESIDUAL, UNITS, PROGRAMS, K_TILES, N_TILES, SLOTS, BLOCK_M, BLOCK_N, dtype)
 
 
 def stream_owner(unit: int, units: int, programs: int) -> int:
@@ -274,9 +250,9 @@ def stream_slots(n_tiles: int, k_tiles: int, programs: int) -> int:
 
 
 def _stream_scratch(device: torch.device, tiles: int, slots: int, block_m: int, block_n: int) -> tuple:
-    """Partial-sum slots (acc, acc_up, the rows' sums of x^2) and arrival counts for the stream-K kernel."""
+    """Partial-sum slots (acc, acc_up) and arrival counts for the stream-K kernel."""
     return kept(("stream-k", device, tiles, slots, block_m, block_n), lambda: (
-        torch.empty(tiles * slots * (2 * block_n * block_m + block_m), device=device, dtype=torch.float32),
+        torch.empty(tiles * slots * 2 * block_n * block_m, device=device, dtype=torch.float32),
         torch.zeros(tiles, device=device, dtype=torch.int32)))
 
 
@@ -291,9 +267,11 @@ def gemv_stream(operands: tuple, flags: dict, config: LaunchConfig, target_progr
     programs = min(n_tiles * k_tiles, target_programs or per_sm * multiprocessors(x.device))
     slots = stream_slots(n_tiles, k_tiles, programs)
     part, arrivals = _stream_scratch(x.device, m_tiles * n_tiles, slots, block_m, config.block_n)
+    rms_m = min(block_m, triton.next_power_of_2(M))  # rows a tile can hold
     _gemv_stream_kernel[(programs, m_tiles)](
         *operands[:5], part, arrivals, *operands[5:], **flags, BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, EVEN_K=K % config.block_k == 0, PROGRAMS=programs, SLOTS=slots,
-        FP32=weight.dtype == torch.float32, PREFETCH=prefetch, num_warps=config.num_warps,
+        FP32=weight.dtype == torch.float32, PREFETCH=prefetch, RMS_M=rms_m, RMS_K=rms_columns(rms_m, K),
+        num_warps=config.num_warps,
         num_stages=config.num_stages, **_launch_options(pdl),
     )

@@ -110,3 +110,9 @@ def _tile_dot(xv, w, acc, FP32: tl.constexpr):
     if FP32:
         return tl.dot(xv, tl.trans(w), acc, input_precision="ieee")
     return tl.dot(xv, tl.trans(w), acc)
+
+
+def rms_columns(rows: int, k: int, elements: int = 8192) -> int:
+    """Columns per tile of `_rms_scales_wide` over `rows` rows (a power of two): `elements` values
+    a tile (128 bytes a thread of bf16 over 4 warps), at most K rounded up to a power of two."""
+    return min(triton.next_power_of_2(k), max(16, elements // rows))
