@@ -35,7 +35,8 @@ def test_the_targets_follow_the_cases_that_run(script):
     assert [case.name for case in made] == [
         "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b1 prefill as before", "fast b4", "fast b8",
         "fast b4 rows={}", "fast b8 rows={}", "fast b4 stream", "fast b8 stream", "fast b4 stream 1/SM",
-        "fast b8 stream 1/SM", "fast b4 stream prefetch", "fast b8 stream prefetch", "fast b1 stream", "fast b1 stream narrow", "fast prompt 1920", "fast prompt 1920 prefill as before", "fast sampled",
+        "fast b8 stream 1/SM", "fast b4 stream prefetch", "fast b8 stream prefetch", "fast b4 stream per matrix",
+        "fast b8 stream per matrix", "fast b1 stream", "fast b1 stream narrow", "fast prompt 1920", "fast prompt 1920 prefill as before", "fast sampled",
         "fast sampled bisection", "fast sampled split", "fast sampled torch", "fast small",
         "fast small no early_loads", "fast small default shapes", "fast small persistent"]
     launch = {case.name: case.launch for case in made}
@@ -74,6 +75,11 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert narrow.rows_launch(2048, 2048, False, 1) == kernels.RowsLaunch("stream")
     assert narrow.rows_launch(5632, 2048, True, 1).kernel == "row"
     assert script.launch_policy(made["fast b1 stream"].launch).rows_launch(5632, 2048, True, 1).kernel == "stream"
+    per_matrix = script.launch_policy(made["fast b4 stream per matrix"].launch)
+    assert per_matrix.rows_launch(5632, 2048, True, 4) == kernels.RowsLaunch("stream", kernels.LaunchConfig(64, 128, 4, 3), 264)
+    assert per_matrix.rows_launch(2560, 2048, False, 4) == kernels.RowsLaunch("stream", kernels.LaunchConfig(64, 256, 4, 3), 132)
+    assert per_matrix.rows_launch(2560, 2048, False, 3).kernel == "row"  # below the switch: only entries of 3 rows apply
+    assert per_matrix.rows_launch(2048, 2048, False, 16).kernel == "tensor"  # 16 rows: not in the b4 case
     assert kernels.DEFAULT_POLICY.sample_candidates == kernels.SAMPLE_CANDIDATES > 0
     assert kernels.DEFAULT_POLICY.sampling == "kernel" and kernels.DEFAULT_POLICY.early_loads
 
@@ -90,7 +96,7 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast b1 prefill as before", "fast prompt 24 prefill as before",
                                      "fast b4", "fast b4 rows={}", "fast prompt 24", "fast b2 stream",
                                      "fast b2 stream 1/SM", "fast b4 stream", "fast b4 stream 1/SM",
-                                     "fast b2 stream prefetch", "fast b4 stream prefetch",
+                                     "fast b2 stream prefetch", "fast b4 stream prefetch", "fast b4 stream per matrix",
                                      "fast b1 stream", "fast b1 stream narrow",
                                      "fast sampled", "fast sampled bisection", "fast sampled split",
                                      "fast sampled torch"}

@@ -12,8 +12,9 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
 - the fast engine at each `--batch-sizes` (from 4 rows also without the batched launches measured
   per matrix, `LaunchPolicy(rows={})`; from 2 rows also with every batched matrix in the stream-K
   kernel, `LaunchPolicy(batched="stream")`, at 2 and 1 programs per SM and with its first unit
-  loaded before the wait; at 1 row with every matrix, or TinyLlama's [q; k; v] and o alone, in
-  it), at prompt `--long-prompt`, with temperature 0.7 and top-p
+  loaded before the wait; from 4 rows with each matrix in the stream-K launch timed fastest for
+  it alone, `STREAM_FASTEST`; at 1 row with every matrix, or TinyLlama's [q; k; v] and o alone,
+  in it), at prompt `--long-prompt`, with temperature 0.7 and top-p
   0.9 sampling (the step ending in the sampling kernel of one program a row, the default; the
   same with top-p found by bisection alone, `LaunchPolicy(sample_candidates=0)`; in the split
   sampling kernel, `LaunchPolicy(sampling="split")`; and in compiled torch ops,
@@ -87,6 +88,18 @@ class Target:
 STREAM = (("batched", "stream"), ("rows", ()), ("rows_min_batch", 2))
 # TinyLlama's [q; k; v] and o at one row in the stream-K kernel, in its default launch (None: the policy's)
 STREAM_NARROW = tuple(((n, k, False, 1), ("stream", None)) for n, k in ((2560, 2048), (2048, 2048)))
+# each of TinyLlama's matrices in the stream-K kernel in the launch shape (block_n, block_k, warps,
+# stages) and programs that `kernel_configs.py --probe-rows 4,16` timed fastest for it alone on an
+# H100 at 4 and 16 rows (docs/perf/h100/stream-k.md)
+STREAM_FASTEST = {(5632, 2048, True): ((64, 128, 4, 3), 264), (2048, 5632, False): ((64, 128, 4, 4), 132),
+                  (32000, 2048, False): ((64, 256, 4, 3), 132), (2560, 2048, False): ((64, 256, 4, 3), 132),
+                  (2048, 2048, False): ((64, 128, 4, 4), 132)}
+
+
+def stream_per_matrix(rows: int) -> tuple:
+    """`LaunchPolicy.rows` pairs that run each matrix of `STREAM_FASTEST` at `rows` rows in its launch."""
+    return tuple(((n, k, gated, rows), ("stream", config, programs))
+                 for (n, k, gated), (config, programs) in STREAM_FASTEST.items())
 
 
 def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prompt: int) -> list[Case]:
@@ -108,6 +121,9 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
               for b in batch_sizes if b >= 2]
     found += [Case(f"fast b{b} stream prefetch", "fast", model, batch_size=b, launch=STREAM + (("stream_prefetch", True),))
               for b in batch_sizes if b >= 2]
+    # each matrix in the stream-K kernel's launch timed fastest for it alone
+    found += [Case(f"fast b{b} stream per matrix", "fast", model, batch_size=b,
+                   launch=(("rows", stream_per_matrix(1 << (b - 1).bit_length())),)) for b in batch_sizes if b >= 4]
     # at batch 1: every matrix in the stream-K kernel; only the narrow [q; k; v] and o (TinyLlama's)
     found += [Case("fast b1 stream", "fast", model, launch=(("batched", "stream"), ("rows", ()), ("rows_min_batch", 1))),
               Case("fast b1 stream narrow", "fast", model, launch=(("rows", STREAM_NARROW),))]
@@ -143,17 +159,22 @@ def _launch_shapes_without_smollm2() -> list:
 
 def launch_policy(launch: tuple):
     """A case's LaunchPolicy: its (name, value) pairs as keywords, a mapping's value given as its
-    (key, value) pairs (a `rows` launch as its (kernel, config) pair)."""
+    (key, value) pairs (a `rows` launch as its (kernel, config[, programs]) fields)."""
     from types import MappingProxyType
 
-    from inferlab.fast.kernels import LaunchPolicy, RowsLaunch  # needs Triton: imported only for a policy of its own
+    from inferlab.fast.kernels import LaunchConfig, LaunchPolicy, RowsLaunch  # needs Triton: only for a policy of its own
+
+    def rows_launch(launch):  # a RowsLaunch, or its fields with the config as a LaunchConfig's fields
+        if isinstance(launch, RowsLaunch):
+            return launch
+        kernel, config, *rest = launch
+        return RowsLaunch(kernel, LaunchConfig(*config) if isinstance(config, tuple) else config, *rest)
 
     def value_of(name, value):
         if name == "gemv":
             return MappingProxyType(dict(value))
-        if name == "rows":  # a launch given as (kernel, config) pairs or as a RowsLaunch
-            return MappingProxyType({key: launch if isinstance(launch, RowsLaunch) else RowsLaunch(*launch)
-                                     for key, launch in value})
+        if name == "rows":  # a launch given as (kernel, config[, programs]) or as a RowsLaunch
+            return MappingProxyType({key: rows_launch(launch) for key, launch in value})
         return value
 
     return LaunchPolicy(**{name: value_of(name, value) for name, value in launch})
