@@ -23,9 +23,9 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   measured ones, and with `persistent` (every layer in one kernel).
 
 Designs measured and left off by default are recorded with the run that measured them in
-docs/perf/h200/targets-2.md and docs/perf/h100/targets-3.md (the CUDA-core batch kernel, one row
-at a time or all rows at once, wide RMS tiles, the ranges merged by the last, the persistent
-kernel at TinyLlama's size).
+docs/perf/h200/targets-2.md, docs/perf/h100/targets-3.md and docs/perf/h100/stream-k.md (the
+CUDA-core batch kernel, one row at a time or all rows at once, wide RMS tiles, the ranges merged
+by the last, the persistent kernel at TinyLlama's size, the stream-K kernel).
 
 Then, per model, the correctness of the default fast engine (`teacher_forced_check`): its greedy
 tokens against the eager loop's, and both one's logit error against an fp32 reference on the
