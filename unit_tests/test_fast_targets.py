@@ -36,7 +36,7 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b1 prefill as before", "fast b4", "fast b8",
         "fast b4 rows={}", "fast b8 rows={}", "fast b4 stream", "fast b8 stream", "fast b4 stream 1/SM",
         "fast b8 stream 1/SM", "fast b4 stream prefetch", "fast b8 stream prefetch", "fast b4 stream per matrix",
-        "fast b8 stream per matrix", "fast b1 stream", "fast b1 stream narrow", "fast prompt 1920", "fast prompt 1920 prefill as before", "fast sampled",
+        "fast b8 stream per matrix", "fast b4 stream down+o", "fast b8 stream down+o", "fast b1 stream", "fast b1 stream narrow", "fast prompt 1920", "fast prompt 1920 prefill as before", "fast sampled",
         "fast sampled bisection", "fast sampled split", "fast sampled torch", "fast small",
         "fast small no early_loads", "fast small default shapes", "fast small persistent"]
     launch = {case.name: case.launch for case in made}
@@ -80,6 +80,11 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert per_matrix.rows_launch(2560, 2048, False, 4) == kernels.RowsLaunch("stream", kernels.LaunchConfig(64, 256, 4, 3), 132)
     assert per_matrix.rows_launch(2560, 2048, False, 3).kernel == "row"  # below the switch: only entries of 3 rows apply
     assert per_matrix.rows_launch(2048, 2048, False, 16).kernel == "tensor"  # 16 rows: not in the b4 case
+    down_o = script.launch_policy(made["fast b4 stream down+o"].launch)  # added to the measured table
+    assert down_o.rows_launch(2048, 5632, False, 4) == kernels.RowsLaunch("stream", kernels.LaunchConfig(64, 128, 4, 4), 132)
+    assert down_o.rows_launch(2048, 2048, False, 4).kernel == "stream"
+    assert down_o.rows_launch(2560, 2048, False, 4) == kernels.DEFAULT_POLICY.rows_launch(2560, 2048, False, 4)
+    assert set(down_o.rows) == set(kernels.DEFAULT_POLICY.rows) | {(2048, 5632, False, 4), (2048, 2048, False, 4)}
     assert kernels.DEFAULT_POLICY.sample_candidates == kernels.SAMPLE_CANDIDATES > 0
     assert kernels.DEFAULT_POLICY.sampling == "kernel" and kernels.DEFAULT_POLICY.early_loads
 
@@ -97,7 +102,7 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast b4", "fast b4 rows={}", "fast prompt 24", "fast b2 stream",
                                      "fast b2 stream 1/SM", "fast b4 stream", "fast b4 stream 1/SM",
                                      "fast b2 stream prefetch", "fast b4 stream prefetch", "fast b4 stream per matrix",
-                                     "fast b1 stream", "fast b1 stream narrow",
+                                     "fast b4 stream down+o", "fast b1 stream", "fast b1 stream narrow",
                                      "fast sampled", "fast sampled bisection", "fast sampled split",
                                      "fast sampled torch"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]

@@ -13,7 +13,7 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   per matrix, `LaunchPolicy(rows={})`; from 2 rows also with every batched matrix in the stream-K
   kernel, `LaunchPolicy(batched="stream")`, at 2 and 1 programs per SM and with its first unit
   loaded before the wait; from 4 rows with each matrix in the stream-K launch timed fastest for
-  it alone, `STREAM_FASTEST`; at 1 row with every matrix, or TinyLlama's [q; k; v] and o alone,
+  it alone, `STREAM_FASTEST`, and with only down and o in it; at 1 row with every matrix, or TinyLlama's [q; k; v] and o alone,
   in it), at prompt `--long-prompt`, with temperature 0.7 and top-p
   0.9 sampling (the step ending in the sampling kernel of one program a row, the default; the
   same with top-p found by bisection alone, `LaunchPolicy(sample_candidates=0)`; in the split
@@ -40,7 +40,7 @@ import argparse
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -96,10 +96,13 @@ STREAM_FASTEST = {(5632, 2048, True): ((64, 128, 4, 3), 264), (2048, 5632, False
                   (2048, 2048, False): ((64, 128, 4, 4), 132)}
 
 
-def stream_per_matrix(rows: int) -> tuple:
-    """`LaunchPolicy.rows` pairs that run each matrix of `STREAM_FASTEST` at `rows` rows in its launch."""
-    return tuple(((n, k, gated, rows), ("stream", config, programs))
-                 for (n, k, gated), (config, programs) in STREAM_FASTEST.items())
+# the two matrices the tensor-core kernel leaves with 64 programs, half an H100/H200's SMs
+NARROW_OUTPUTS = ((2048, 5632, False), (2048, 2048, False))
+
+
+def stream_per_matrix(rows: int, matrices=tuple(STREAM_FASTEST)) -> tuple:
+    """`LaunchPolicy.rows` pairs that run each of `matrices` at `rows` rows in its `STREAM_FASTEST` launch."""
+    return tuple(((n, k, gated, rows), ("stream", *STREAM_FASTEST[n, k, gated])) for n, k, gated in matrices)
 
 
 def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prompt: int) -> list[Case]:
@@ -124,6 +127,10 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # each matrix in the stream-K kernel's launch timed fastest for it alone
     found += [Case(f"fast b{b} stream per matrix", "fast", model, batch_size=b,
                    launch=(("rows", stream_per_matrix(1 << (b - 1).bit_length())),)) for b in batch_sizes if b >= 4]
+    # only down and o in it (the tensor-core kernel's narrowest grids), the rest as measured per matrix
+    found += [Case(f"fast b{b} stream down+o", "fast", model, batch_size=b,
+                   launch=(("rows_added", stream_per_matrix(1 << (b - 1).bit_length(), NARROW_OUTPUTS)),))
+              for b in batch_sizes if b >= 4]
     # at batch 1: every matrix in the stream-K kernel; only the narrow [q; k; v] and o (TinyLlama's)
     found += [Case("fast b1 stream", "fast", model, launch=(("batched", "stream"), ("rows", ()), ("rows_min_batch", 1))),
               Case("fast b1 stream narrow", "fast", model, launch=(("rows", STREAM_NARROW),))]
@@ -159,7 +166,8 @@ def _launch_shapes_without_smollm2() -> list:
 
 def launch_policy(launch: tuple):
     """A case's LaunchPolicy: its (name, value) pairs as keywords, a mapping's value given as its
-    (key, value) pairs (a `rows` launch as its (kernel, config[, programs]) fields)."""
+    (key, value) pairs (a `rows` launch as its (kernel, config[, programs]) fields); `rows_added`
+    pairs are added to the policy's `rows` table instead of replacing it."""
     from types import MappingProxyType
 
     from inferlab.fast.kernels import LaunchConfig, LaunchPolicy, RowsLaunch  # needs Triton: only for a policy of its own
@@ -173,11 +181,14 @@ def launch_policy(launch: tuple):
     def value_of(name, value):
         if name == "gemv":
             return MappingProxyType(dict(value))
-        if name == "rows":  # a launch given as (kernel, config[, programs]) or as a RowsLaunch
+        if name in ("rows", "rows_added"):  # a launch given as (kernel, config[, programs]) or as a RowsLaunch
             return MappingProxyType({key: rows_launch(launch) for key, launch in value})
         return value
 
-    return LaunchPolicy(**{name: value_of(name, value) for name, value in launch})
+    fields = {name: value_of(name, value) for name, value in launch}
+    added = fields.pop("rows_added", {})  # launches added to the policy's table (the default's unless `rows`)
+    policy = LaunchPolicy(**fields)
+    return replace(policy, rows=MappingProxyType({**policy.rows, **added})) if added else policy
 
 
 def targets(batch_sizes: list[int], long_prompt: int, small_model: str | None) -> list[Target]:
