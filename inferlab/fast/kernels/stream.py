@@ -1,7 +1,10 @@
 """The stream-K projection: the tensor-core products of `_gemv_rows_kernel` with each matrix's work
 cut evenly between a fixed number of programs, whatever its shape (`LaunchPolicy(batched="stream")`).
 
-`gemv_stream` launches it; `inferlab.fast.kernels.projections.gemv` picks it by the policy.
+`gemv_stream` launches it; `inferlab.fast.kernels.projections.gemv` picks it by the policy. Off by
+default: alone it beats the tensor-core kernel on every TinyLlama matrix at 4 rows, but in the
+decode step, where each kernel starts while the one before drains, it does not
+(docs/perf/h100/stream-k.md).
 """
 
 from __future__ import annotations
@@ -272,6 +275,5 @@ def gemv_stream(operands: tuple, flags: dict, config: LaunchConfig, target_progr
         *operands[:5], part, arrivals, *operands[5:], **flags, BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, EVEN_K=K % config.block_k == 0, PROGRAMS=programs, SLOTS=slots,
         FP32=weight.dtype == torch.float32, PREFETCH=prefetch, RMS_M=rms_m, RMS_K=rms_columns(rms_m, K),
-        num_warps=config.num_warps,
-        num_stages=config.num_stages, **_launch_options(pdl),
+        num_warps=config.num_warps, num_stages=config.num_stages, **_launch_options(pdl),
     )
