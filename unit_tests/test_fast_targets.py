@@ -34,9 +34,9 @@ def test_the_targets_follow_the_cases_that_run(script):
     made = script.cases("m", "small", [1, 4, 8], 1920)
     assert [case.name for case in made] == [
         "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b1 prefill as before", "fast b4", "fast b8",
-        "fast b4 rows={}", "fast b8 rows={}", "fast b4 stream", "fast b8 stream", "fast b4 stream 1/SM",
-        "fast b8 stream 1/SM", "fast b4 stream prefetch", "fast b8 stream prefetch", "fast b4 stream per matrix",
-        "fast b8 stream per matrix", "fast b4 stream down+o", "fast b8 stream down+o", "fast b1 stream", "fast b1 stream narrow", "fast prompt 1920", "fast prompt 1920 prefill as before", "fast sampled",
+        "fast b4 rows={}", "fast b8 rows={}", "fast b4 stream per matrix", "fast b8 stream per matrix",
+        "fast b4 stream down+o", "fast b8 stream down+o", "fast prompt 1920", "fast prompt 1920 prefill as before",
+        "fast sampled",
         "fast sampled bisection", "fast sampled split", "fast sampled torch", "fast small",
         "fast small no early_loads", "fast small default shapes", "fast small persistent"]
     launch = {case.name: case.launch for case in made}
@@ -48,8 +48,7 @@ def test_the_targets_follow_the_cases_that_run(script):
         ("prefill_cache_write", "index"), ("prefill_head", "torch"))
     assert not any(options[name] for name in options if "prefill as before" not in name)
     assert launch["fast small persistent"] == (("persistent", True),)
-    assert launch["fast b4 stream"] == (("batched", "stream"), ("rows", ()), ("rows_min_batch", 2))
-    assert launch["fast b8 stream 1/SM"] == launch["fast b8 stream"] + (("stream_per_sm", 1),)
+    assert launch["fast b8 stream per matrix"] == (("rows", script.stream_per_matrix(8)),)
     goals = script.targets([1, 4, 8], 1920, None)
     assert {goal.case for goal in goals} == {"fast b1", "fast b4", "fast b8", "fast prompt 1920", "fast sampled"}
     assert not script.SAMPLED.greedy and script.SAMPLED.temperature == 0.7 and script.SAMPLED.top_p == 0.9
@@ -69,12 +68,6 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert script.launch_policy(made["fast sampled torch"].launch).sampling == "torch"
     assert script.launch_policy(made["fast sampled split"].launch).sampling == "split"
     assert script.launch_policy(made["fast sampled bisection"].launch).sample_candidates == 0
-    stream = script.launch_policy(made["fast b4 stream"].launch)
-    assert stream.rows_launch(2048, 2048, False, 2).kernel == "stream" and not stream.rows
-    narrow = script.launch_policy(made["fast b1 stream narrow"].launch)
-    assert narrow.rows_launch(2048, 2048, False, 1) == kernels.RowsLaunch("stream")
-    assert narrow.rows_launch(5632, 2048, True, 1).kernel == "row"
-    assert script.launch_policy(made["fast b1 stream"].launch).rows_launch(5632, 2048, True, 1).kernel == "stream"
     per_matrix = script.launch_policy(made["fast b4 stream per matrix"].launch)
     assert per_matrix.rows_launch(5632, 2048, True, 4) == kernels.RowsLaunch("stream", kernels.LaunchConfig(64, 128, 4, 3), 264)
     assert per_matrix.rows_launch(2560, 2048, False, 4) == kernels.RowsLaunch("stream", kernels.LaunchConfig(64, 256, 4, 3), 132)
@@ -99,10 +92,8 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
     saved = json.loads(next(tmp_path.glob("*-targets/targets.json")).read_text())
     assert set(saved["results"]) == {"fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b2",
                                      "fast b1 prefill as before", "fast prompt 24 prefill as before",
-                                     "fast b4", "fast b4 rows={}", "fast prompt 24", "fast b2 stream",
-                                     "fast b2 stream 1/SM", "fast b4 stream", "fast b4 stream 1/SM",
-                                     "fast b2 stream prefetch", "fast b4 stream prefetch", "fast b4 stream per matrix",
-                                     "fast b4 stream down+o", "fast b1 stream", "fast b1 stream narrow",
+                                     "fast b4", "fast b4 rows={}", "fast prompt 24", "fast b4 stream per matrix",
+                                     "fast b4 stream down+o",
                                      "fast sampled", "fast sampled bisection", "fast sampled split",
                                      "fast sampled torch"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]

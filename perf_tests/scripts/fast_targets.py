@@ -10,12 +10,9 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   and with its prefill as before (`FastOptions(prefill_cache_write="index", prefill_head="torch")`)
   at the reference shape and at prompt `--long-prompt`;
 - the fast engine at each `--batch-sizes` (from 4 rows also without the batched launches measured
-  per matrix, `LaunchPolicy(rows={})`; from 2 rows also with every batched matrix in the stream-K
-  kernel, `LaunchPolicy(batched="stream")`, at 2 and 1 programs per SM and with its first unit
-  loaded before the wait; from 4 rows with each matrix in the stream-K launch timed fastest for
-  it alone, `STREAM_FASTEST`, and with only down and o in it; at 1 row with every matrix, or TinyLlama's [q; k; v] and o alone,
-  in it), at prompt `--long-prompt`, with temperature 0.7 and top-p
-  0.9 sampling (the step ending in the sampling kernel of one program a row, the default; the
+  per matrix, `LaunchPolicy(rows={})`, with each matrix in the stream-K launch timed fastest for
+  it alone, `STREAM_FASTEST`, and with only down and o in it), at prompt `--long-prompt`, with
+  temperature 0.7 and top-p 0.9 sampling (the step ending in the sampling kernel of one program a row, the default; the
   same with top-p found by bisection alone, `LaunchPolicy(sample_candidates=0)`; in the split
   sampling kernel, `LaunchPolicy(sampling="split")`; and in compiled torch ops,
   `LaunchPolicy(sampling="torch")`), and on `--small-model` (the embedded SmolLM2, real weights)
@@ -25,7 +22,8 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
 Designs measured and left off by default are recorded with the run that measured them in
 docs/perf/h200/targets-2.md, docs/perf/h100/targets-3.md and docs/perf/h100/stream-k.md (the
 CUDA-core batch kernel, one row at a time or all rows at once, wide RMS tiles, the ranges merged
-by the last, the persistent kernel at TinyLlama's size, the stream-K kernel).
+by the last, the persistent kernel at TinyLlama's size, the stream-K kernel for every matrix at 1
+or 2 programs per SM, with its first unit loaded early, and at batch 1).
 
 Then, per model, the correctness of the default fast engine (`teacher_forced_check`): its greedy
 tokens against the eager loop's, and both one's logit error against an fp32 reference on the
@@ -85,17 +83,12 @@ class Target:
         return f"{self.metric.removesuffix('_ms').upper()} <= {self.bound:g} {unit}"
 
 
-STREAM = (("batched", "stream"), ("rows", ()), ("rows_min_batch", 2))
-# TinyLlama's [q; k; v] and o at one row in the stream-K kernel, in its default launch (None: the policy's)
-STREAM_NARROW = tuple(((n, k, False, 1), ("stream", None)) for n, k in ((2560, 2048), (2048, 2048)))
 # each of TinyLlama's matrices in the stream-K kernel in the launch shape (block_n, block_k, warps,
 # stages) and programs that `kernel_configs.py --probe-rows 4,16` timed fastest for it alone on an
 # H100 at 4 and 16 rows (docs/perf/h100/stream-k.md)
 STREAM_FASTEST = {(5632, 2048, True): ((64, 128, 4, 3), 264), (2048, 5632, False): ((64, 128, 4, 4), 132),
                   (32000, 2048, False): ((64, 256, 4, 3), 132), (2560, 2048, False): ((64, 256, 4, 3), 132),
                   (2048, 2048, False): ((64, 128, 4, 4), 132)}
-
-
 # the two matrices the tensor-core kernel leaves with 64 programs, half an H100/H200's SMs
 NARROW_OUTPUTS = ((2048, 5632, False), (2048, 2048, False))
 
@@ -118,12 +111,6 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # (LaunchPolicy(rows={})): the engine before `MEASURED_ROWS`
     found += [Case(f"fast b{b} rows={{}}", "fast", model, batch_size=b, launch=(("rows", ()),))
               for b in batch_sizes if b >= 4]
-    # every batched matrix in the stream-K kernel (its work cut evenly between programs), from 2 rows
-    found += [Case(f"fast b{b} stream", "fast", model, batch_size=b, launch=STREAM) for b in batch_sizes if b >= 2]
-    found += [Case(f"fast b{b} stream 1/SM", "fast", model, batch_size=b, launch=STREAM + (("stream_per_sm", 1),))
-              for b in batch_sizes if b >= 2]
-    found += [Case(f"fast b{b} stream prefetch", "fast", model, batch_size=b, launch=STREAM + (("stream_prefetch", True),))
-              for b in batch_sizes if b >= 2]
     # each matrix in the stream-K kernel's launch timed fastest for it alone
     found += [Case(f"fast b{b} stream per matrix", "fast", model, batch_size=b,
                    launch=(("rows", stream_per_matrix(1 << (b - 1).bit_length())),)) for b in batch_sizes if b >= 4]
@@ -131,9 +118,6 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found += [Case(f"fast b{b} stream down+o", "fast", model, batch_size=b,
                    launch=(("rows_added", stream_per_matrix(1 << (b - 1).bit_length(), NARROW_OUTPUTS)),))
               for b in batch_sizes if b >= 4]
-    # at batch 1: every matrix in the stream-K kernel; only the narrow [q; k; v] and o (TinyLlama's)
-    found += [Case("fast b1 stream", "fast", model, launch=(("batched", "stream"), ("rows", ()), ("rows_min_batch", 1))),
-              Case("fast b1 stream narrow", "fast", model, launch=(("rows", STREAM_NARROW),))]
     found.append(Case(f"fast prompt {long_prompt}", "fast", model, prompt_length=long_prompt))
     found.append(Case(f"fast prompt {long_prompt} prefill as before", "fast", model, prompt_length=long_prompt,
                       options=before))
