@@ -12,10 +12,11 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
 - the fast engine at each `--batch-sizes` (from 4 rows also without the batched launches measured
   per matrix, `LaunchPolicy(rows={})`, with each matrix in the stream-K launch timed fastest for
   it alone, `STREAM_FASTEST`, and with only down and o in it), at prompt `--long-prompt`, with
-  temperature 0.7 and top-p 0.9 sampling (the step ending in the sampling kernel of one program a row, the default; the
-  same with top-p found by bisection alone, `LaunchPolicy(sample_candidates=0)`; in the split
-  sampling kernel, `LaunchPolicy(sampling="split")`; and in compiled torch ops,
-  `LaunchPolicy(sampling="torch")`), and on `--small-model` (the embedded SmolLM2, real weights)
+  temperature 0.7 and top-p 0.9 sampling (the step ending in the sampling kernel of one program
+  a row, the default; the same with top-p found by bisection alone,
+  `LaunchPolicy(sample_candidates=0)`; in the split sampling kernel,
+  `LaunchPolicy(sampling="split")`; and in compiled torch ops, `LaunchPolicy(sampling="torch")`),
+  and on `--small-model` (the embedded SmolLM2, real weights)
   when it loads, there also without early loads, in the default launch shape instead of its own
   measured ones, and with `persistent` (every layer in one kernel).
 
