@@ -688,7 +688,9 @@ def main(argv: list[str] | None = None) -> int:
         launched = _launch_if_needed(args, argv)
         if launched is not None:
             return launched
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        _leave_world()  # after the work only: on a failure torchrun stops the other ranks
+        return code
     except UsageError as error:
         return _fail(error, errors.EXIT_USAGE)
     except errors.WriteError as error:
@@ -710,6 +712,16 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _leave_world() -> None:
+    """A torchrun worker closes its process group before exit; nothing else to do elsewhere."""
+    if "torch" not in sys.modules:
+        return
+    from inferlab.model import layouts
+
+    if layouts.is_launched_worker():
+        layouts.leave_world()
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def test_tensor_parallel_bench_runs_two_ranks_and_rank_0_reports(tmp_path):
 WORKER = """
 import sys, torch
 from inferlab.decode.loop import DecodeConfig, generate_steps
-from inferlab.model.layouts import Layout, rank
+from inferlab.model.layouts import Layout, leave_world, rank
 from inferlab.model.registry import load_model
 from inferlab.decode.prompts import random_prompt
 
@@ -104,6 +104,7 @@ steps = [(s.tokens.clone(), s.logits.clone()) for s in generate_steps(loaded.mod
 if rank() == 0:
     torch.save({"shard": list(shard), "tokens": torch.stack([t for t, _ in steps], 1),
                 "logits": torch.stack([l for _, l in steps], 1)}, sys.argv[1])
+leave_world()
 """
 
 
@@ -126,3 +127,15 @@ def test_tensor_parallel_decoding_matches_the_single_device_model(tiny, tmp_path
         single = tiny.model(input_ids=ids).logits[:, prompt.length - 1 :].float()
     torch.testing.assert_close(tp["logits"], single, rtol=1e-4, atol=1e-5)
     assert torch.equal(tp["tokens"], tp["logits"].argmax(-1))  # greedy: each token is its step's argmax
+
+
+def test_leaving_the_world_closes_the_process_group(tmp_path):
+    import torch.distributed as dist
+
+    from inferlab.model.layouts import leave_world
+
+    leave_world()  # outside a world: nothing to close
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    assert dist.is_initialized()
+    leave_world()
+    assert not dist.is_initialized()

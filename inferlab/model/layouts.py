@@ -77,6 +77,20 @@ def launch(layout: Layout, argv: list[str]) -> int:
     return subprocess.run(torchrun_command(layout, argv), env=env).returncode
 
 
+def leave_world() -> None:
+    """Close the torchrun world this process joined, if any.
+
+    Without it gloo's threads are still alive at interpreter exit, and a rank can abort
+    ("terminate called without an active exception") after its work is done. The barrier first
+    lets no rank close while another still waits on it.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def worker_device(requested: torch.device) -> torch.device:
     """A torchrun worker's device: cuda:LOCAL_RANK on CUDA, the CPU otherwise."""
     if requested.type != "cuda":
