@@ -21,11 +21,22 @@ from pathlib import Path
 import pytest
 import torch
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: timing tests take no lock
+    fcntl = None
+
 # Without a GPU, Triton kernels can only run under Triton's interpreter (numpy on the CPU); it must
 # be chosen before Triton is first imported. (It converts float32 to bf16 by truncation, so bf16
 # kernel tests run only on CUDA.)
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Under pytest-xdist (`-n 2`) a worker's environment names it as one. The pytest runs that tests
+# start (in-process through pytester, or as subprocesses) are not xdist workers: pytest-benchmark
+# would disable itself in them, and save nothing.
+for _name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+    os.environ.pop(_name, None)
 
 # The plugin (gpu marker, benchmark options) is registered by the installed package's entry
 # point; from a bare checkout (PYTHONPATH=.) load it here instead.
@@ -54,6 +65,33 @@ def cuda_device():
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
     return torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def _timing_tests_run_alone(request, tmp_path_factory):
+    """Under pytest-xdist, a test marked `timing` runs while no other test runs.
+
+    Such a test judges real timings (a gate's verdict on an injected delay); another worker's test
+    on the same cores would add its own load to one side. Every test holds a shared lock; a timing
+    test takes it exclusively. The turnstile gives a waiting timing test the lock next, before
+    further shared holders.
+    """
+    if not hasattr(request.config, "workerinput") or fcntl is None:
+        yield
+        return
+    alone = request.node.get_closest_marker("timing") is not None
+    folder = tmp_path_factory.getbasetemp().parent  # shared by the workers of one run
+    with open(folder / "timing.turnstile", "a") as turnstile, open(folder / "timing.lock", "a") as lock:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        if not alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if alone:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 PERF_TESTS = Path(__file__).resolve().parent / "perf_tests"

@@ -202,6 +202,7 @@ def test_cli_revisions_run_each_side_from_its_own_worktree(tmp_path, capsys):
     assert len(list(folder.glob("head-*.json"))) == 3 and len(list(folder.glob("head-*.log"))) == 3
 
 
+@pytest.mark.timing
 def test_cli_fork_runs_a_pytest_suite_in_forked_children_from_each_worktree(tmp_path, capsys):
     repo = two_commit_repo(tmp_path / "repo", "test_fake.py", (
         "import time\n"

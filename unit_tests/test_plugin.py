@@ -77,6 +77,7 @@ def test_autosave_writes_one_entry_per_metric_with_raw_rounds_and_the_fingerprin
         assert tpot == pytest.approx((e2e - ttft) / (6 - 1), rel=1e-6)
 
 
+@pytest.mark.timing
 def test_compare_fail_catches_an_injected_regression(suite):
     suite.runpytest_subprocess(*SMALL, "--benchmark-autosave", "--benchmark-save-data").assert_outcomes(passed=3, skipped=1)
     slower = suite.runpytest_subprocess(*SMALL, "--benchmark-compare", "--benchmark-compare-fail=median:5%",
@@ -127,6 +128,7 @@ def test_perf_case_ids_name_every_axis():
     assert PerfCase("hf", 128, 50, "tpot_ms", 4).id == "hf-b4-p128-n50-tpot_ms"
 
 
+@pytest.mark.timing
 def test_the_gate_fails_an_injected_regression_and_not_an_unchanged_run(suite, capsys):
     from inferlab.cli import main
 

@@ -328,6 +328,7 @@ def one_thread():
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_a_delay_growing_with_the_cache_position_is_caught_by_a_real_sweep(tmp_path, capsys, one_thread):
     # 2 ms per cached position: TPOT gains 2 * (P + N/2 - 1) ms, 10 ms at N=4 and 38 ms at N=32, far
     # beyond what tiny-random's KV cache (a few KB per step) predicts, and beyond a busy CPU's noise.
