@@ -65,7 +65,6 @@ def test_unknown_steps_are_refused_with_the_list(tmp_path):
     assert done.returncode == 2 and "unknown ['bogus']" in done.stderr
 
 
-@pytest.mark.timing
 def test_a_cpu_pass_saves_runs_gates_them_and_never_reuses_a_name(tmp_path):
     argv = [sys.executable, str(SCRIPT), "--out", str(tmp_path), "--marker", "perf and not slow", "--device", "cpu",
             "--suite-args", "perf_tests/test_decode_cpu.py -k 'tiny and eager and n8'",
