@@ -715,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _leave_world() -> None:
-    """A torchrun worker closes its process group before exit; nothing else to do elsewhere."""
+    """A torchrun worker closes its process group before exit; other processes have none."""
     if "torch" not in sys.modules:
         return
     from inferlab.model import layouts
