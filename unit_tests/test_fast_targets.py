@@ -35,7 +35,8 @@ def test_the_targets_follow_the_cases_that_run(script):
     assert [case.name for case in made] == [
         "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b1 prefill as before", "fast b4", "fast b8",
         "fast b4 rows={}", "fast b8 rows={}", "fast b4 stream per matrix", "fast b8 stream per matrix",
-        "fast b4 stream down+o", "fast b8 stream down+o", "fast prompt 1920", "fast prompt 1920 prefill as before",
+        "fast b4 stream down+o", "fast b8 stream down+o", "fast b4 tensor", "fast b8 tensor", "fast b4 tma 2/SM",
+        "fast b8 tma 2/SM", "fast prompt 1920", "fast prompt 1920 prefill as before",
         "fast sampled",
         "fast sampled bisection", "fast sampled split", "fast sampled torch", "fast small",
         "fast small no early_loads", "fast small default shapes", "fast small persistent"]
@@ -49,6 +50,7 @@ def test_the_targets_follow_the_cases_that_run(script):
     assert not any(options[name] for name in options if "prefill as before" not in name)
     assert launch["fast small persistent"] == (("persistent", True),)
     assert launch["fast b8 stream per matrix"] == (("rows", script.stream_per_matrix(8)),)
+    assert launch["fast b4 tma 2/SM"] == (("tma_per_sm", 2),)
     goals = script.targets([1, 4, 8], 1920, None)
     assert {goal.case for goal in goals} == {"fast b1", "fast b4", "fast b8", "fast prompt 1920", "fast sampled"}
     assert not script.SAMPLED.greedy and script.SAMPLED.temperature == 0.7 and script.SAMPLED.top_p == 0.9
@@ -72,12 +74,16 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert per_matrix.rows_launch(5632, 2048, True, 4) == kernels.RowsLaunch("stream", kernels.LaunchConfig(64, 128, 4, 3), 264)
     assert per_matrix.rows_launch(2560, 2048, False, 4) == kernels.RowsLaunch("stream", kernels.LaunchConfig(64, 256, 4, 3), 132)
     assert per_matrix.rows_launch(2560, 2048, False, 3).kernel == "row"  # below the switch: only entries of 3 rows apply
-    assert per_matrix.rows_launch(2048, 2048, False, 16).kernel == "tensor"  # 16 rows: not in the b4 case
+    assert per_matrix.rows_launch(2048, 2048, False, 16).kernel == "tma"  # 16 rows: not in the b4 case
     down_o = script.launch_policy(made["fast b4 stream down+o"].launch)  # added to the measured table
     assert down_o.rows_launch(2048, 5632, False, 4) == kernels.RowsLaunch("stream", kernels.LaunchConfig(64, 128, 4, 4), 132)
     assert down_o.rows_launch(2048, 2048, False, 4).kernel == "stream"
     assert down_o.rows_launch(2560, 2048, False, 4) == kernels.DEFAULT_POLICY.rows_launch(2560, 2048, False, 4)
     assert set(down_o.rows) == set(kernels.DEFAULT_POLICY.rows) | {(2048, 5632, False, 4), (2048, 2048, False, 4)}
+    before = script.launch_policy(made["fast b4 tensor"].launch)  # the batched step before the TMA kernel
+    assert before.batched == "tensor" and dict(before.rows) == kernels.TENSOR_ROWS
+    assert before.rows_launch(2560, 2048, False, 4).kernel == "cuda" and before.rows_launch(5632, 2048, True, 4).kernel == "tensor"
+    assert script.launch_policy(made["fast b4 tma 2/SM"].launch).tma_per_sm == 2
     assert kernels.DEFAULT_POLICY.sample_candidates == kernels.SAMPLE_CANDIDATES > 0
     assert kernels.DEFAULT_POLICY.sampling == "kernel" and kernels.DEFAULT_POLICY.early_loads
 
@@ -93,7 +99,7 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
     assert set(saved["results"]) == {"fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b2",
                                      "fast b1 prefill as before", "fast prompt 24 prefill as before",
                                      "fast b4", "fast b4 rows={}", "fast prompt 24", "fast b4 stream per matrix",
-                                     "fast b4 stream down+o",
+                                     "fast b4 stream down+o", "fast b4 tensor", "fast b4 tma 2/SM", "fast b2 tma",
                                      "fast sampled", "fast sampled bisection", "fast sampled split",
                                      "fast sampled torch"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]

@@ -213,7 +213,7 @@ def test_the_tensor_core_kernel_split_over_k_computes_the_specified_function_lau
     kwargs = {"norm": dict(norm=norm, eps=1e-5), "residual": dict(residual=residual),
               "gated": dict(norm=norm, eps=1e-5, gated=True)}[variant]
     config = kernels.LaunchConfig(block_n=16, block_k=32, num_warps=4, num_stages=1)
-    policy = kernels.LaunchPolicy(rows_min_batch=2, rows_target_programs=target)
+    policy = kernels.LaunchPolicy(batched="tensor", rows_min_batch=2, rows_target_programs=target)
     n_tiles = -(-N // 16)
     assert kernels.rows_split_k(n_tiles, -(-K // 32), target) > 1
     for launch in range(2):  # the second launch finds the arrival counts reset by the first
@@ -235,7 +235,7 @@ def test_the_tensor_core_kernel_with_its_first_tile_loaded_early_computes_the_sp
     M = 5
     x, weight, kwargs = gemv_case(M, shape, variant, dtype)
     config = kernels.LaunchConfig(block_n=16, block_k=32, num_warps=4, num_stages=1)
-    policy = kernels.LaunchPolicy(rows_min_batch=2, rows_target_programs=target, rows_prefetch=True)
+    policy = kernels.LaunchPolicy(batched="tensor", rows_min_batch=2, rows_target_programs=target, rows_prefetch=True)
     ours = kernels.gemv(x, weight, config=config, policy=policy, **kwargs)
     assert_same_function(ours, decode_ops.gemv(x, weight, **kwargs))
 
@@ -301,6 +301,63 @@ def test_the_stream_policy_runs_the_stream_k_kernel_from_its_switch(kernels, rec
         kernels.LaunchPolicy(stream_per_sm=0)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
+# K whole (one program a tile); 2 ranges; as many as the policy's programs per SM give; more than K has tiles
+@pytest.mark.parametrize("target", [1, 6, 0, 1000])
+def test_the_tma_kernel_computes_the_specified_function_launch_after_launch(kernels, dtype, shape, variant, target):
+    """`_gemv_tma_kernel` at 5 rows (a tile of 16 holding 5) and 17 (two row tiles, the second with
+    one row), its weight tiles read through a TMA descriptor (zeros past the matrix's edge): the
+    specification's function on every launch (the first leaves every arrival count at 0 for the
+    second), whatever the cut of K."""
+    if variant == "logits" and dtype == torch.float32:
+        pytest.skip("logits from float32 inputs are 'norm' exactly (dtype_variants)")
+    config = kernels.LaunchConfig(block_n=16, block_k=32, num_warps=4, num_stages=2)
+    N, K = SHAPES[shape]
+    for M in (5, 17):
+        x, weight, kwargs = gemv_case(M, shape, variant, dtype)
+        launch = kernels.RowsLaunch("tma", config, target_programs=target)
+        policy = kernels.LaunchPolicy(rows_min_batch=2, rows={(N, K, variant == "gated", min(1 << (M - 1).bit_length(), 16)): launch})
+        for launch_index in range(2):
+            ours = kernels.gemv(x, weight, policy=policy, **kwargs)
+            assert ours.shape == (M, N)
+            assert_same_function(ours, decode_ops.gemv(x, weight, **kwargs))
+            x = x.roll(1, dims=0)
+    counts = [buffers[1] for key, buffers in kernels.KEPT.items() if key[0] == "tma-split-k"]
+    assert (counts or target == 1) and all(int(c.abs().sum()) == 0 for c in counts)
+
+
+@pytest.mark.parametrize("tiles, k_tiles, target, split", [
+    (88, 16, 264, 3),   # [gate; up] in tiles of 64 rows: 264 programs, not a power of two
+    (32, 44, 264, 8),   # down
+    (500, 16, 264, 1),  # the LM head: enough tiles already
+    (32, 2, 1000, 2),   # never more ranges than K tiles
+    (0, 4, 8, 4),
+])
+def test_the_tma_kernel_cuts_k_until_its_programs_reach_the_target(tiles, k_tiles, target, split):
+    from inferlab.fast.kernels.tma import tma_split_k
+
+    assert tma_split_k(tiles, k_tiles, target) == split
+
+
+def test_the_tma_policy_runs_the_tma_kernel_from_its_switch_where_a_descriptor_fits(kernels, record_launches):
+    """From `rows_min_batch` rows `_gemv_tma_kernel`; a weight whose rows are not 16-byte aligned
+    (37 float32 columns) cannot have a descriptor and runs the tensor-core kernel instead."""
+    launched = record_launches(("_gemv_kernel", "_gemv_rows_kernel", "_gemv_tma_kernel"))
+    policy = kernels.LaunchPolicy(batched="tma", rows={}, default_gemv=kernels.LaunchConfig(8, 64, 4, 1),
+                                  tma_gemv=kernels.LaunchConfig(16, 32, 4, 1))
+    for K in (64, 37):
+        weight = draw(32, K, seed=4, scale=0.1)
+        for M in (1, 4):
+            x = draw(M, K, seed=M)
+            assert_same_function(kernels.Kernels(pdl=False, policy=policy).gemv(x, weight), decode_ops.gemv(x, weight))
+    assert launched == ["_gemv_kernel", "_gemv_tma_kernel", "_gemv_kernel", "_gemv_rows_kernel"]
+    assert policy.rows_launch(32, 64, False, 4) == kernels.RowsLaunch("tma", kernels.LaunchConfig(16, 32, 4, 1))
+    with pytest.raises(ValueError, match="tma_per_sm"):
+        kernels.LaunchPolicy(tma_per_sm=0)
+
+
 @pytest.mark.parametrize("n_tiles, k_tiles, target, split", [
     (64, 8, 0, 1),      # off
     (176, 8, 132, 1),   # enough tiles already
@@ -314,15 +371,17 @@ def test_k_is_cut_until_the_programs_reach_the_target(kernels, n_tiles, k_tiles,
 
 @pytest.mark.parametrize("rows_min_batch", [2, 4])
 def test_a_launch_policy_picks_the_kernel_without_touching_module_state(kernels, record_launches, rows_min_batch):
-    """Three rows run one program each under the default policy and the tensor-core kernel under
-    rows_min_batch=2; either way the function is the specification's, and the defaults stay as they were."""
-    launched = record_launches(("_gemv_kernel", "_gemv_rows_kernel"))
+    """Three rows run one program each under the default policy and the batched default (the TMA
+    kernel) under rows_min_batch=2; either way the function is the specification's, and the
+    defaults stay as they were."""
+    launched = record_launches(("_gemv_kernel", "_gemv_rows_kernel", "_gemv_tma_kernel"))
     x, weight = draw(3, 64, seed=1), draw(16, 64, seed=4, scale=0.1)
     policy = kernels.LaunchPolicy(rows_min_batch=rows_min_batch, default_gemv=kernels.LaunchConfig(8, 64, 4, 1),
-                                  rows_gemv=kernels.LaunchConfig(16, 64, 4, 1))
+                                  tma_gemv=kernels.LaunchConfig(16, 64, 4, 1))
     ours = kernels.Kernels(pdl=False, policy=policy).gemv(x, weight)
     assert_same_function(ours, decode_ops.gemv(x, weight))
-    assert launched == (["_gemv_rows_kernel"] if rows_min_batch <= 3 else ["_gemv_kernel"])
+    assert launched == (["_gemv_tma_kernel"] if rows_min_batch <= 3 else ["_gemv_kernel"])
+    assert kernels.DEFAULT_POLICY.batched == "tma"
     assert kernels.DEFAULT_POLICY == kernels.LaunchPolicy() and kernels.DEFAULT_POLICY.rows_min_batch == 4
 
 
@@ -349,7 +408,8 @@ def test_a_matrix_measured_at_a_row_count_runs_its_own_kernel_there_and_only_the
     table = {(16, 64, False, 4): kernels.RowsLaunch("cuda", small),
              (16, 64, False, 16): kernels.RowsLaunch("tensor", kernels.LaunchConfig(16, 32, 4, 1), target_programs=4),
              (16, 64, False, 8): kernels.RowsLaunch("row", small)}
-    policy = kernels.LaunchPolicy(default_gemv=small, rows_gemv=kernels.LaunchConfig(16, 64, 4, 1), rows=table)
+    policy = kernels.LaunchPolicy(batched="tensor", default_gemv=small, rows_gemv=kernels.LaunchConfig(16, 64, 4, 1),
+                                  rows=table)
     weight, other = draw(16, 64, seed=4, scale=0.1), draw(32, 64, seed=5, scale=0.1)
     run = kernels.Kernels(pdl=False, policy=policy).gemv
     for M, w in ((3, weight), (4, weight), (8, weight), (16, weight), (20, weight), (4, other)):
@@ -375,20 +435,25 @@ def test_below_the_switch_only_a_launch_measured_at_exactly_that_many_rows_appli
     assert_same_function(kernels.Kernels(pdl=False, policy=policy).gemv(x, weight), decode_ops.gemv(x, weight))
     narrow = kernels.LaunchPolicy(cuda_max_rows=2, rows=table)
     assert narrow.rows_launch(16, 64, False, 4).kernel == "tensor"
-    assert kernels.LaunchPolicy(rows={}).rows_launch(2560, 2048, False, 4) == kernels.RowsLaunch(
+    assert kernels.LaunchPolicy(rows={}).rows_launch(2560, 2048, False, 4) == kernels.RowsLaunch("tma", kernels.TMA_GEMV)
+    assert kernels.LaunchPolicy(batched="tensor", rows={}).rows_launch(2560, 2048, False, 4) == kernels.RowsLaunch(
         "tensor", kernels.ROWS_GEMV)
     with pytest.raises(ValueError, match="RowsLaunch kernel"):
         kernels.RowsLaunch("tensor cores")
 
 
-def test_the_measured_batched_launches_are_the_shapes_the_engine_runs(kernels):
-    """MEASURED_ROWS keys TinyLlama's matrices as the engine multiplies them, at row counts a key can
-    take; the CUDA-core entries fit that kernel's row limit."""
+@pytest.mark.parametrize("table", ["MEASURED_ROWS", "TENSOR_ROWS"])
+def test_the_measured_batched_launches_are_the_shapes_the_engine_runs(kernels, table):
+    """MEASURED_ROWS (the default) and TENSOR_ROWS (the tensor-core kernel's) key TinyLlama's
+    matrices as the engine multiplies them, at row counts a key can take; the CUDA-core entries fit
+    that kernel's row limit."""
     matrices = {(n, k, gated) for n, k, gated in kernels.MEASURED_GEMV}
-    for (n, k, gated, rows), launch in kernels.MEASURED_ROWS.items():
-        assert (n, k, gated) in matrices and kernels.DEFAULT_POLICY.rows_key(n, k, gated, rows)[3] == rows
-        assert launch.kernel != "cuda" or rows <= kernels.DEFAULT_POLICY.cuda_max_rows
-        assert kernels.DEFAULT_POLICY.rows_launch(n, k, gated, rows) == launch
+    policy = kernels.DEFAULT_POLICY if table == "MEASURED_ROWS" else kernels.LaunchPolicy(
+        batched="tensor", rows=kernels.TENSOR_ROWS)
+    for (n, k, gated, rows), launch in getattr(kernels, table).items():
+        assert (n, k, gated) in matrices and policy.rows_key(n, k, gated, rows)[3] == rows
+        assert launch.kernel != "cuda" or rows <= policy.cuda_max_rows
+        assert policy.rows_launch(n, k, gated, rows) == launch
 
 
 def attention_inputs(M, heads, kv_heads, hd, T, dtype):
@@ -796,22 +861,24 @@ ENGINE_POLICIES = {
     "defaults-2": (2, {}, None),
     "defaults-4": (4, {}, None),
     "split-attention-4": (4, {"attention": "split"}, None),
-    "split-k-4": (4, {"rows_min_batch": 2, "rows_target_programs": 1000}, None),
+    "split-k-4": (4, {"batched": "tensor", "rows_min_batch": 2, "rows_target_programs": 1000}, None),
     "cuda-batch-4": (4, {"batched": "cuda"}, None),
     "auto-attention-4": (4, {"attention": "auto", "split_min_cache": 8}, None),
     # the attention variants merged by the combine kernel
     "split-combine-kernel-4": (4, {"attention": "split", "split_combine": "kernel"}, None),
     "head-ranges-4": (4, {"head_block_t": 8, "head_range": 8}, 32),
-    "rows-prefetch-2": (2, {"rows_min_batch": 2, "rows_prefetch": True}, None),
+    "rows-prefetch-2": (2, {"batched": "tensor", "rows_min_batch": 2, "rows_prefetch": True}, None),
     "early-loads-1": (1, {"early_loads": True}, None),
     "head-ranges-last-1": (1, {"head_block_t": 8, "head_range": 8, "head_combine": "last"}, 32),
-    "wide-rms-2": (2, {"rows_min_batch": 2, "wide_rms": True}, None),
+    "wide-rms-2": (2, {"batched": "tensor", "rows_min_batch": 2, "wide_rms": True}, None),
     "cuda-batch-early-wide-2": (2, {"batched": "cuda", "wide_rms": True, "early_loads": True}, None),
     "rowwise-2": (2, {"batched": "rowwise"}, None),
     "rowwise-early-3": (3, {"batched": "rowwise", "early_loads": True}, None),
     # the stream-K kernel: at 4 rows, and from 2 rows with its first unit loaded before the wait
     "stream-4": (4, {"batched": "stream", "rows": {}}, None),
     "stream-prefetch-2": (2, {"batched": "stream", "rows": {}, "rows_min_batch": 2, "stream_prefetch": True}, None),
+    # the tensor-core kernel the TMA kernel replaced as the default, with its own table
+    "tensor-4": (4, {"batched": "tensor", "rows": "TENSOR_ROWS"}, None),
 }
 
 
@@ -836,6 +903,8 @@ def test_fast_engine_with_triton_kernels_gives_the_eager_loops_tokens(kernels, t
     prompt = random_prompt(model.config.vocab_size, 6, batch, torch.Generator().manual_seed(3), DEVICE)
     config = DecodeConfig(6, ignore_eos=True)
     # on CUDA the kernels are also captured in the decode step's graph and replayed
+    if policy.get("rows") == "TENSOR_ROWS":
+        policy = {**policy, "rows": kernels.TENSOR_ROWS}
     launch = kernels.LaunchPolicy(**policy)
     engine = FastEngine(model, FastOptions(compile=False, graphs=DEVICE.type == "cuda", triton=True, launch=launch))
     assert "triton" in engine.describe()

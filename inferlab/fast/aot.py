@@ -130,7 +130,7 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         cases.append((f"rowwise {rows} rows {n}x{k} tile {config.block_n}x{config.block_k}",
                       kernels.projections._gemv_batch_kernel, gemv, flags,
                       dict(num_warps=config.num_warps, num_stages=config.num_stages)))
-    for (n, k, gated, rows), launch in kernels.MEASURED_ROWS.items():  # measured per matrix, in their own shapes
+    for (n, k, gated, rows), launch in kernels.TENSOR_ROWS.items():  # measured per matrix, in their own shapes
         if launch.kernel == "cuda" and launch.config is not None:
             config = launch.config
             flags = dict(N=n, K=k, NORM=True, GATED=gated, RESIDUAL=not gated, ROWS=rows, BLOCK_N=config.block_n,

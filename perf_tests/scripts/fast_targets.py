@@ -119,6 +119,15 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found += [Case(f"fast b{b} stream down+o", "fast", model, batch_size=b,
                    launch=(("rows_added", stream_per_matrix(1 << (b - 1).bit_length(), NARROW_OUTPUTS)),))
               for b in batch_sizes if b >= 4]
+    # the tensor-core kernel with the launches measured per matrix for it (`TENSOR_ROWS`): the
+    # batched step before the TMA kernel; and the TMA kernel with K split to two programs per SM
+    found += [Case(f"fast b{b} tensor", "fast", model, batch_size=b, launch=(("batched", "tensor"), ("rows", "tensor")))
+              for b in batch_sizes if b >= 4]
+    found += [Case(f"fast b{b} tma 2/SM", "fast", model, batch_size=b, launch=(("tma_per_sm", 2),))
+              for b in batch_sizes if b >= 4]
+    # 2 and 3 rows in the TMA kernel too, instead of one program per row
+    found += [Case(f"fast b{b} tma", "fast", model, batch_size=b, launch=(("rows_min_batch", 2),))
+              for b in batch_sizes if 2 <= b < 4]
     found.append(Case(f"fast prompt {long_prompt}", "fast", model, prompt_length=long_prompt))
     found.append(Case(f"fast prompt {long_prompt} prefill as before", "fast", model, prompt_length=long_prompt,
                       options=before))
@@ -151,11 +160,13 @@ def _launch_shapes_without_smollm2() -> list:
 
 def launch_policy(launch: tuple):
     """A case's LaunchPolicy: its (name, value) pairs as keywords, a mapping's value given as its
-    (key, value) pairs (a `rows` launch as its (kernel, config[, programs]) fields); `rows_added`
+    (key, value) pairs (a `rows` launch as its (kernel, config[, programs]) fields; `rows` "tensor":
+    `TENSOR_ROWS`); `rows_added`
     pairs are added to the policy's `rows` table instead of replacing it."""
     from types import MappingProxyType
 
-    from inferlab.fast.kernels import LaunchConfig, LaunchPolicy, RowsLaunch  # needs Triton: only for a policy of its own
+    from inferlab.fast.kernels import (TENSOR_ROWS, LaunchConfig, LaunchPolicy,  # needs Triton: only for a policy of its own
+                                       RowsLaunch)
 
     def rows_launch(launch):  # a RowsLaunch, or its fields with the config as a LaunchConfig's fields
         if isinstance(launch, RowsLaunch):
@@ -166,6 +177,8 @@ def launch_policy(launch: tuple):
     def value_of(name, value):
         if name == "gemv":
             return MappingProxyType(dict(value))
+        if name == "rows" and value == "tensor":  # the table measured for the tensor-core kernel
+            return MappingProxyType(TENSOR_ROWS)
         if name in ("rows", "rows_added"):  # a launch given as (kernel, config[, programs]) or as a RowsLaunch
             return MappingProxyType({key: rows_launch(launch) for key, launch in value})
         return value

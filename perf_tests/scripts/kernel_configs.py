@@ -141,7 +141,8 @@ def rows_variants(rows: int, N: int, K: int, gated: bool) -> dict[str, ops.RowsL
     one program per row; the CUDA-core kernel (up to its row limit) in its own launch shape and in
     the one-row kernel's (long tiles of few weight rows), and one row at a time (`rowwise`); the
     tensor-core kernel as it runs by default, with its first tile loaded before the wait, split
-    over K to two programs per SM, and in narrower and wider tiles."""
+    over K to two programs per SM, and in narrower and wider tiles; the stream-K kernel and the
+    TMA kernel in several tiles, at one and two programs per SM."""
     variants = {"per-row": ops.RowsLaunch("row")}
     if rows <= ops.DEFAULT_POLICY.cuda_max_rows:
         variants["cuda-core"] = ops.RowsLaunch("cuda")
@@ -158,6 +159,9 @@ def rows_variants(rows: int, N: int, K: int, gated: bool) -> dict[str, ops.RowsL
         for per_sm in (1, 2):
             variants[f"stream {label} {per_sm}/SM"] = ops.RowsLaunch("stream", config, target_programs=per_sm * sms)
     variants["stream prefetch"] = ops.RowsLaunch("stream", ops.STREAM_GEMV, target_programs=2 * sms, prefetch=True)
+    for label, config in TMA_TILES.items():  # weight tiles copied by the TMA, K split to 1 or 2 programs per SM
+        for per_sm in (1, 2):
+            variants[f"tma {label} {per_sm}/SM"] = ops.RowsLaunch("tma", config, target_programs=per_sm * sms)
     return variants
 
 
@@ -169,6 +173,12 @@ ROWS_TILES = {"n16": ops.LaunchConfig(16, 256, 4, 4), "n64 k128": ops.LaunchConf
 STREAM_TILES = {"n64 k128": ops.STREAM_GEMV, "n64 k128 s3": ops.LaunchConfig(64, 128, 4, 3),
                 "n128 k128 s3": ops.LaunchConfig(128, 128, 4, 3), "n64 k256 s3": ops.LaunchConfig(64, 256, 4, 3),
                 "n32 k256": ops.LaunchConfig(32, 256, 4, 4)}
+
+
+# the TMA kernel's tiles: weight rows x columns, warps, stages (`TMA_GEMV` first)
+TMA_TILES = {"n64 k128": ops.TMA_GEMV, "n64 k128 s6": ops.LaunchConfig(64, 128, 4, 6),
+             "n64 k256 s3": ops.LaunchConfig(64, 256, 4, 3), "n128 k128 s3": ops.LaunchConfig(128, 128, 4, 3),
+             "n128 k64 s6": ops.LaunchConfig(128, 64, 4, 6)}
 
 
 def rows_policy(N: int, K: int, gated: bool, rows: int, launch: ops.RowsLaunch) -> ops.LaunchPolicy:
@@ -384,8 +394,9 @@ ROWS_CANDIDATES = [ops.LaunchConfig(bn, bk, 4, stages) for bn in (16, 32) for bk
 
 
 def batched_steps(loaded, measured, batch_sizes: list[int], budget_s: float, candidates, targets=(0,)) -> list[dict]:
-    """The decode step at each batch size: one program per row (per-row), one program per weight
-    block for all rows on the CUDA cores (up to 8 rows), and the tensor-core kernel with each
+    """The decode step at each batch size: one program per row (per-row), the TMA kernel (the
+    default from 4 rows, here from 2), one program per weight block for all rows on the CUDA
+    cores (up to 8 rows), and the tensor-core kernel with each
     candidate launch shape and split-K target (programs per matrix; 0: no split), until the
     budget runs out."""
     deadline = time.perf_counter() + budget_s
@@ -398,6 +409,9 @@ def batched_steps(loaded, measured, batch_sizes: list[int], budget_s: float, can
         per_row = replace(options, launch=ops.LaunchPolicy(rows_min_batch=batch_size + 1, rows=NO_TABLE))
         steps.append({**step_tpot(loaded, measured, per_row, f"triton, batch {batch_size}, per-row", batch_size),
                       "batched_gemv": "per-row"})
+        tma = replace(options, launch=ops.LaunchPolicy(rows_min_batch=2))
+        steps.append({**step_tpot(loaded, measured, tma, f"triton, batch {batch_size}, TMA kernel (the default)",
+                                  batch_size), "batched_gemv": "tma"})
         if batch_size <= ops.DEFAULT_POLICY.cuda_max_rows:
             cuda = replace(options, launch=ops.LaunchPolicy(batched="cuda", rows=NO_TABLE))
             steps.append({**step_tpot(loaded, measured, cuda, f"triton, batch {batch_size}, CUDA-core batch kernel",
@@ -405,8 +419,9 @@ def batched_steps(loaded, measured, batch_sizes: list[int], budget_s: float, can
         for config, target, prefetch in itertools.product(candidates, targets, (False, True)):
             if time.perf_counter() > deadline:
                 break
-            rows = replace(options, launch=ops.LaunchPolicy(rows_min_batch=2, rows_gemv=config, rows_target_programs=target,
-                                                            rows_prefetch=prefetch, rows=NO_TABLE))
+            rows = replace(options, launch=ops.LaunchPolicy(batched="tensor", rows_min_batch=2, rows_gemv=config,
+                                                            rows_target_programs=target, rows_prefetch=prefetch,
+                                                            rows=NO_TABLE))
             label = (f"triton, batch {batch_size}, rows {config.__dict__}, split-K target {target}"
                      f"{', first tile before the wait' if prefetch else ''}")
             try:

@@ -20,7 +20,9 @@ PDL, so every decode step starts after the previous step has completely finished
 From ROWS_MIN_BATCH batch rows on, the projections run `_gemv_rows_kernel` instead: small matrix
 products on the tensor cores that read each weight tile once for the whole batch; or, with
 `LaunchPolicy(batched="stream")`, `stream._gemv_stream_kernel`, the same products with each matrix's work
-cut evenly between a fixed number of programs (stream-K).
+cut evenly between a fixed number of programs (stream-K); with `LaunchPolicy(batched="tma")`,
+`tma._gemv_tma_kernel`, the same products with the weight tiles copied by the tensor memory
+accelerator and K split to fill the GPU.
 
 Launch shapes (rows per program, K-tile, warps, pipelining depth) come from `gemv_config`,
 measured per matrix shape on an H200 by ``perf_tests/scripts/kernel_configs.py``; other shapes
@@ -28,7 +30,7 @@ get the default row. Importing this package needs Triton; `inferlab.fast.engine`
 CUDA (or under ``TRITON_INTERPRET=1``, which runs the kernels on the CPU for tests).
 
 Modules: `policy` (launch shapes and `LaunchPolicy`, plain data), `launch` (PDL, kept buffers),
-`tiles` (the loads and products the projections share), `projections`, `stream`, `attention`,
+`tiles` (the loads and products the projections share), `projections`, `stream`, `tma`, `attention`,
 `step` (the kernels and their launches), `persistent` (every layer of a batch-1 step in one
 kernel, `LaunchPolicy(persistent=True)`); `Kernels` below binds them to one launch mode and
 policy.
@@ -46,7 +48,7 @@ from inferlab.fast.kernels.launch import KEPT, kept, multiprocessors, pdl_suppor
 from inferlab.fast.kernels.policy import (ATTENTION_BLOCK_T, ATTENTION_KERNELS, DEFAULT_GEMV, DEFAULT_POLICY,
                                           GREEDY_BLOCK_V, GREEDY_WARPS, MAX_SPLITS, MEASURED_GEMV, MEASURED_ROWS,
                                           ROWS_GEMV, SAMPLE_CANDIDATES, SMOLLM2_GEMV, SPLIT_BLOCK_T, SPLIT_COMBINES,
-                                          STREAM_GEMV,
+                                          STREAM_GEMV, TENSOR_ROWS, TMA_GEMV, TMA_HEAD,
                                           SPLIT_POLICY, SPLIT_POSITIONS, TINYLLAMA_GEMV, LaunchConfig, LaunchPolicy,
                                           RowsLaunch, gemv_config)
 from inferlab.fast.kernels.grid import barrier_errors
@@ -61,7 +63,7 @@ __all__ = [
     "ATTENTION_BLOCK_T", "ATTENTION_KERNELS", "DEFAULT_GEMV", "DEFAULT_POLICY", "GREEDY_BLOCK_V", "GREEDY_WARPS",
     "KEPT", "MAX_SPLITS", "MEASURED_GEMV", "MEASURED_ROWS", "ROWS_GEMV", "SAMPLE_CANDIDATES", "SAMPLE_MAX_VOCAB",
     "SMOLLM2_GEMV",
-    "SPLIT_BLOCK_T", "SPLIT_COMBINES", "SPLIT_POLICY", "SPLIT_POSITIONS", "STREAM_GEMV", "TINYLLAMA_GEMV", "Kernels",
+    "SPLIT_BLOCK_T", "SPLIT_COMBINES", "SPLIT_POLICY", "SPLIT_POSITIONS", "STREAM_GEMV", "TENSOR_ROWS", "TINYLLAMA_GEMV", "TMA_GEMV", "TMA_HEAD", "Kernels",
     "LaunchConfig", "LaunchPolicy", "RowsLaunch", "attention_decode", "attention_decode_split", "attention_splits",
     "barrier_errors", "batch_config", "combine_chunk", "decode_layers", "gemv", "gemv_config", "greedy_step",
     "kept", "multiprocessors", "pdl_supported", "resident_programs", "rms_columns", "rows_split_k",

@@ -57,7 +57,14 @@ ROWS_GEMV = LaunchConfig(block_n=32, block_k=256, num_warps=4, num_stages=4)  # 
 # the stream-K kernel's unit: 64 weight rows (Hopper's warpgroup product) x 128 columns, 4 stages
 STREAM_GEMV = LaunchConfig(block_n=64, block_k=128, num_warps=4, num_stages=4)
 STREAM_PER_SM = 2
-BATCHED_KERNELS = ("row", "cuda", "rowwise", "tensor", "stream")
+# the TMA kernel's tile: 64 weight rows x 256 columns copied by the tensor memory accelerator, 3
+# stages; K split until about TMA_PER_SM programs per SM (the fastest for [gate; up], [q; k; v] and
+# o alone at 4 and 16 rows on the H200, docs/perf/h200/tma.md)
+TMA_GEMV = LaunchConfig(block_n=64, block_k=256, num_warps=4, num_stages=3)
+TMA_PER_SM = 1
+# the LM head in tiles of 128 weight rows x 128 (34.3 against 37.3 us alone at 4 rows)
+TMA_HEAD = LaunchConfig(block_n=128, block_k=128, num_warps=4, num_stages=3)
+BATCHED_KERNELS = ("row", "cuda", "rowwise", "tensor", "stream", "tma")
 SAMPLING_KERNELS = ("torch", "kernel", "split")
 
 
@@ -67,11 +74,13 @@ class RowsLaunch:
     row and weight block), "cuda" (`_gemv_batch_kernel`, each weight block into every row on the
     CUDA cores, up to `LaunchPolicy.cuda_max_rows` rows), "rowwise" (the same kernel one row at a
     time, up to `LaunchPolicy.rowwise_max_rows` rows), "tensor" (`_gemv_rows_kernel`) or "stream"
-    (`_gemv_stream_kernel`, the work spread evenly over a fixed number of programs); its launch
+    (`_gemv_stream_kernel`, the work spread evenly over a fixed number of programs) or "tma"
+    (`_gemv_tma_kernel`, the weight tiles copied by the tensor memory accelerator); its launch
     shape (None: the policy's for that kernel: for "rowwise", the one-row kernel's); for "tensor",
     the split-K target (programs, 0: no split) and whether the first weight tile is loaded before
     the wait; for "stream", its programs (0: the policy's `stream_per_sm` per SM) and whether the
-    first unit's weights are loaded before the wait."""
+    first unit's weights are loaded before the wait; for "tma", the split-K target (0: the
+    policy's `tma_per_sm` per SM)."""
 
     kernel: str = "tensor"
     config: LaunchConfig | None = None
@@ -83,7 +92,8 @@ class RowsLaunch:
             raise ValueError(f"RowsLaunch kernel must be one of {list(BATCHED_KERNELS)}, not {self.kernel!r}")
 
 
-# (N, K, gated, rows) -> launch: TinyLlama-1.1B's matrices at 4 rows where another kernel than the
+# (N, K, gated, rows) -> launch, for `LaunchPolicy(batched="tensor", rows=TENSOR_ROWS)`, the
+# batched step before the TMA kernel: TinyLlama-1.1B's matrices at 4 rows where another kernel than the
 # tensor-core one was the fastest alone (`kernel_configs.py --probe-rows 4,16` on an H200) and the
 # step with them was faster: TPOT 1.207 against 1.250 ms at batch 4 (docs/perf/h200/targets-2.md).
 # Narrow matrices leave SMs idle with one tile of 32 rows a program: [q; k; v] and o run on the
@@ -94,13 +104,19 @@ class RowsLaunch:
 # tiles of 16 weight rows split over K (6.79 against 8.56), [q; k; v] with its first tile loaded
 # before the wait (10.86 against 11.16); the batch-8 step 1.413 against 1.435 ms in one run, where
 # the same launches at 16 rows left the batch-16 step at 1.510 ms (docs/perf/h100/targets-3.md).
-MEASURED_ROWS: dict[tuple[int, int, bool, int], RowsLaunch] = {
+TENSOR_ROWS: dict[tuple[int, int, bool, int], RowsLaunch] = {
     (2560, 2048, False, 4): RowsLaunch("cuda", LaunchConfig(2, 1024, 4, 1)),
     (2048, 2048, False, 4): RowsLaunch("cuda", LaunchConfig(2, 1024, 4, 1)),
     (2048, 5632, False, 4): RowsLaunch("tensor", target_programs=264),
     (2560, 2048, False, 8): RowsLaunch("tensor", prefetch=True),
     (2048, 2048, False, 8): RowsLaunch("tensor", LaunchConfig(16, 256, 4, 4), target_programs=264),
     (2048, 5632, False, 8): RowsLaunch("tensor", target_programs=264),
+}
+# (N, K, gated, rows) -> launch, the default table: TinyLlama-1.1B's LM head in the TMA kernel's
+# tiles of 128 weight rows (alone on the H200, 34.3 against 37.3 us at 4 rows, 38.6 against 49.0
+# at 16; the step at batch 16 1.207 against 1.221 ms: docs/perf/h200/tma.md)
+MEASURED_ROWS: dict[tuple[int, int, bool, int], RowsLaunch] = {
+    (32000, 2048, False, rows): RowsLaunch("tma", TMA_HEAD) for rows in (4, 8, 16)
 }
 
 
@@ -126,12 +142,21 @@ class LaunchPolicy:
     # in registers, not all rows'). Built for batches whose projections reach 40-55% of bandwidth
     # in the tensor-core kernel against ~75% at one row; measured, it loses: on an H100 TPOT 1.457
     # against 1.318 ms at batch 4, 2.660 against 1.435 at batch 8 (docs/perf/h100/targets-3.md).
-    batched: str = "tensor"
+    # "tma" (the default): from rows_min_batch rows, `_gemv_tma_kernel`, the tensor-core products
+    # with the weight tiles copied by the TMA and K split to fill the GPU; on the H200 TPOT 0.941 /
+    # 1.031 / 1.207 ms at batches 4 / 8 / 16 against 1.207 / 1.296 / 1.434 for "tensor" with
+    # `TENSOR_ROWS` (docs/perf/h200/tma.md). Where a weight cannot have a TMA descriptor (a GPU
+    # before Hopper, rows not 16-byte aligned) the tensor-core kernel runs instead.
+    batched: str = "tma"
     # batched "stream": from rows_min_batch rows, `_gemv_stream_kernel` in this launch shape, with
     # this many programs per SM (each matrix's work cut evenly between them, whatever its shape)
     stream_gemv: LaunchConfig = STREAM_GEMV
     stream_per_sm: int = STREAM_PER_SM
     stream_prefetch: bool = False
+    # batched "tma": from rows_min_batch rows, `_gemv_tma_kernel` in this launch shape, K split
+    # until about this many programs per SM
+    tma_gemv: LaunchConfig = TMA_GEMV
+    tma_per_sm: int = TMA_PER_SM
     cuda_max_rows: int = 8
     # 8: at 16 rows down's kernel in its one-row shape (4 x 2048) spills (`inferlab.fast.aot`)
     rowwise_max_rows: int = 8
@@ -212,10 +237,12 @@ class LaunchPolicy:
     persistent_per_sm: int = 1
 
     def __post_init__(self) -> None:
-        if self.batched not in ("tensor", "cuda", "rowwise", "stream"):
-            raise ValueError(f"batched must be 'tensor', 'cuda', 'rowwise' or 'stream', not {self.batched!r}")
+        if self.batched not in ("tensor", "cuda", "rowwise", "stream", "tma"):
+            raise ValueError(f"batched must be 'tensor', 'cuda', 'rowwise', 'stream' or 'tma', not {self.batched!r}")
         if self.stream_per_sm < 1:
             raise ValueError(f"stream_per_sm must be at least 1, not {self.stream_per_sm}")
+        if self.tma_per_sm < 1:
+            raise ValueError(f"tma_per_sm must be at least 1, not {self.tma_per_sm}")
         if self.split_combine not in SPLIT_COMBINES:
             raise ValueError(f"split_combine must be one of {list(SPLIT_COMBINES)}, not {self.split_combine!r}")
         if self.head_combine not in SPLIT_COMBINES:
@@ -289,6 +316,8 @@ class LaunchPolicy:
             return RowsLaunch("row", self.gemv_config(n, k, gated))
         if self.batched == "stream":
             return RowsLaunch("stream", self.stream_gemv, prefetch=self.stream_prefetch)
+        if self.batched == "tma":
+            return RowsLaunch("tma", self.tma_gemv)
         return RowsLaunch("tensor", self.rows_gemv, self.rows_target_programs, self.rows_prefetch)
 
 

@@ -7,7 +7,9 @@ SiLU x up or the residual add after it fused in.
 - `_gemv_batch_kernel`: 2-8 rows on the CUDA cores (`LaunchPolicy(batched="cuda")`), or 2-8
   rows one row at a time in the one-row kernel's long tiles (`LaunchPolicy(batched="rowwise")`);
 - `inferlab.fast.kernels.stream`: the tensor-core products with each matrix's work cut evenly
-  between a fixed number of programs, whatever its shape (stream-K, `LaunchPolicy(batched="stream")`).
+  between a fixed number of programs, whatever its shape (stream-K, `LaunchPolicy(batched="stream")`);
+- `inferlab.fast.kernels.tma`: the tensor-core products with the weight tiles copied by the tensor
+  memory accelerator, split over K to fill the GPU (`LaunchPolicy(batched="tma")`).
 
 `gemv` picks one by the policy and the number of rows; the tiles they share are in
 `inferlab.fast.kernels.tiles`.
@@ -20,8 +22,9 @@ import triton
 import triton.language as tl
 
 from inferlab.fast.kernels.launch import _launch_options, _use_pdl, kept
-from inferlab.fast.kernels.policy import DEFAULT_POLICY, LaunchConfig, LaunchPolicy
+from inferlab.fast.kernels.policy import DEFAULT_POLICY, LaunchConfig, LaunchPolicy, RowsLaunch
 from inferlab.fast.kernels.stream import gemv_stream
+from inferlab.fast.kernels.tma import gemv_tma, tma_fits
 from inferlab.fast.kernels.tiles import (_input_rows, _input_tile, _load_row, _normed, _rms_scale, _rms_scales,
                                          _rms_scales_wide, _silu_times, _tile_dot, _weight_tile, rms_columns)
 
@@ -347,7 +350,9 @@ def gemv(
     `_gemv_kernel`, from there `_gemv_rows_kernel`; with `policy.batched == "cuda"`, 2 to
     `policy.cuda_max_rows` rows run `_gemv_batch_kernel`, with "rowwise" 2 to
     `policy.rowwise_max_rows` rows run it one row at a time in the one-row kernel's launch shape
-    (`_rowwise_tile`); with "stream", from `policy.rows_min_batch` rows `_gemv_stream_kernel`; a
+    (`_rowwise_tile`); with "stream", from `policy.rows_min_batch` rows `_gemv_stream_kernel`; with
+    "tma", from there `_gemv_tma_kernel` (the tensor-core kernel where the weight cannot have a
+    TMA descriptor); a
     matrix measured at that many rows (`policy.rows`) runs the kernel measured fastest. `config`
     overrides the launch shape.
     """
@@ -373,6 +378,13 @@ def gemv(
         gemv_stream(operands, flags, config or launch.config or policy.stream_gemv, launch.target_programs,
                     launch.prefetch, policy.rows_block_m, policy.stream_per_sm, pdl)
         return out
+    if launch.kernel == "tma" and tma_fits(x, weight):
+        gemv_tma(operands, flags, config or launch.config or policy.tma_gemv, launch.target_programs,
+                 policy.rows_block_m, policy.tma_per_sm, pdl)
+        return out
+    if launch.kernel == "tma":  # no descriptor for this weight here: the tensor-core kernel
+        launch = RowsLaunch("tensor", policy.rows_gemv, policy.rows_target_programs, policy.rows_prefetch)
+        config = None
     if launch.kernel == "row":
         c = config or launch.config or policy.gemv_config(N, K, gated)
         _gemv_kernel[(M * triton.cdiv(N, c.block_n),)](

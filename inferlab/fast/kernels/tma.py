@@ -1,0 +1,140 @@
+"""The batched projection with its weight tiles copied by the tensor memory accelerator (TMA,
+Hopper and later): `LaunchPolicy(batched="tma")`.
+
+`_gemv_rows_kernel` loads each weight tile with one address a thread (asynchronous copies that
+every thread issues and waits on); here one thread hands the copy engine a tile's coordinates
+(`TensorDescriptor`) and the tile lands in shared memory, so a program keeps its pipeline's stages
+in flight with no registers spent on addresses. The products are swap-AB (`_swap_dot`: 64 weight
+rows on the product's long side, Hopper's warpgroup product), and K is split until the matrix has
+about `target_programs` programs, so that narrow matrices fill the GPU.
+
+`gemv_tma` launches it; `inferlab.fast.kernels.projections.gemv` picks it by the policy and falls
+back to the tensor-core kernel where a weight cannot have a descriptor (rows not 16-byte aligned).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from inferlab.fast.kernels.launch import _launch_options, kept, multiprocessors
+from inferlab.fast.kernels.policy import LaunchConfig
+from inferlab.fast.kernels.stream import _stream_epilogue, _swap_dot
+from inferlab.fast.kernels.tiles import _input_rows, _rms_scales_wide, rms_columns
+
+
+@triton.jit
+def _gemv_tma_kernel(
+    x_ptr, w_desc, norm_ptr, res_ptr, out_ptr, part_ptr, arrivals_ptr,
+    M, eps,
+    N: tl.constexpr, K: tl.constexpr,
+    NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    SPLIT_K: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr, RMS_M: tl.constexpr, RMS_K: tl.constexpr,
+):
+    """out[m, n] for BLOCK_M rows m and BLOCK_N consecutive n, the weight tiles read through
+    `w_desc` (a TMA descriptor of W [N or 2N, K] in tiles [BLOCK_N, BLOCK_K]; tiles past its edge
+    read as zeros).
+
+    Program (tile_n, split, tile_m) sums the TILES_PER_SPLIT = ceil(K_TILES / SPLIT_K) K tiles
+    from split * TILES_PER_SPLIT (a trip count known to the compiler; the last range's tiles past
+    K are read as zeros, which the copy engine does without touching memory, and the host picks
+    SPLIT_K so that no range is empty: `tma_split_k`). With SPLIT_K > 1 each stores its float32 partial sums and
+    counts itself in `arrivals`; the last to arrive adds the partial sums in split order (the same
+    result whatever the arrival order), applies the epilogue and resets the count to 0.
+    """
+    tile_n = tl.program_id(0)
+    split = tl.program_id(1)
+    tile_m = tl.program_id(2)
+    n0 = tile_n * BLOCK_N
+    offs_n = n0 + tl.arange(0, BLOCK_N)
+    offs_m = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    mask_n, mask_m = offs_n < N, offs_m < M
+    x_rows = x_ptr + offs_m.to(tl.int64)[:, None] * K
+    dtype = x_ptr.dtype.element_ty
+    K_TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
+    TILES_PER_SPLIT: tl.constexpr = (K_TILES + SPLIT_K - 1) // SPLIT_K
+    k_first = split * (TILES_PER_SPLIT * BLOCK_K)
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    scale = tl.full([BLOCK_M], 1.0, tl.float32)
+    if NORM:
+        scale = _rms_scales_wide(x_ptr, tile_m * BLOCK_M, M, eps, K, BLOCK_M, RMS_M, RMS_K)
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for i in range(TILES_PER_SPLIT):
+        k0 = k_first + i * BLOCK_K
+        xv = _input_rows(x_rows, mask_m, norm_ptr, k0 + tl.arange(0, BLOCK_K), scale, K, NORM, dtype).to(dtype)
+        acc = _swap_dot(w_desc.load([n0, k0]), xv, acc, FP32)  # W tile [BLOCK_N, BLOCK_K]
+        if GATED:  # the up rows sit N rows below the gate rows; gate rows past N are never stored
+            acc_up = _swap_dot(w_desc.load([n0 + N, k0]), xv, acc_up, FP32)
+    last = True
+    if SPLIT_K > 1:
+        tile = tile_m * tl.num_programs(0) + tile_n
+        cell = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        PART: tl.constexpr = BLOCK_N * BLOCK_M
+        slot = part_ptr + ((tile * SPLIT_K + split) * 2).to(tl.int64) * PART
+        tl.store(slot + cell, acc)
+        if GATED:
+            tl.store(slot + PART + cell, acc_up)
+        tl.debug_barrier()  # every thread's partial sums are written before the count says so
+        last = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1
+        if last:
+            tl.debug_barrier()
+            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            for s in range(SPLIT_K):
+                slot = part_ptr + ((tile * SPLIT_K + s) * 2).to(tl.int64) * PART
+                acc += tl.load(slot + cell, cache_modifier=".cg")
+                if GATED:
+                    acc_up += tl.load(slot + PART + cell, cache_modifier=".cg")
+            tl.atomic_xchg(arrivals_ptr + tile, 0)
+    if last:
+        _stream_epilogue(acc, acc_up, offs_n, offs_m, mask_n, mask_m, res_ptr, out_ptr, N, GATED, RESIDUAL, dtype)
+
+
+def tma_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `weight` can be read through a TMA descriptor here: on a Hopper or later GPU (or
+    under Triton's interpreter, on the CPU), with its rows 16-byte aligned."""
+    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
+        return False
+    return weight.data_ptr() % 16 == 0 and (weight.shape[1] * weight.element_size()) % 16 == 0
+
+
+def tma_split_k(tiles: int, k_tiles: int, target_programs: int) -> int:
+    """Ranges of K for `tiles` output tiles: about `target_programs` programs in all (any count,
+    not only powers of two), at most one range per K tile, at least 1; then as few as cover K in
+    ranges of ceil(k_tiles / ranges) tiles, so that none is empty."""
+    wanted = max(1, min(k_tiles, target_programs // max(tiles, 1)))
+    return -(-k_tiles // -(-k_tiles // wanted))
+
+
+def _tma_scratch(device: torch.device, tiles: int, split_k: int, block_m: int, block_n: int) -> tuple:
+    """Partial sums ([gate and up] for each tile and range) and arrival counts for the split kernel."""
+    return kept(("tma-split-k", device, tiles, split_k, block_m, block_n), lambda: (
+        torch.empty(tiles * split_k * 2 * block_m * block_n, device=device, dtype=torch.float32),
+        torch.zeros(tiles, device=device, dtype=torch.int32)))
+
+
+def gemv_tma(operands: tuple, flags: dict, config: LaunchConfig, target_programs: int, block_m: int, per_sm: int,
+             pdl: bool) -> None:
+    """Launch `_gemv_tma_kernel` on `gemv`'s operands (x, weight, norm, residual, out, M, eps) and
+    flags, K split until about `target_programs` programs (0: `per_sm` per SM)."""
+    x, weight, M = operands[0], operands[1], operands[5]
+    N, K = flags["N"], flags["K"]
+    n_tiles, m_tiles = triton.cdiv(N, config.block_n), triton.cdiv(M, block_m)
+    target = target_programs or per_sm * multiprocessors(x.device)
+    split_k = tma_split_k(n_tiles * m_tiles, triton.cdiv(K, config.block_k), target)
+    part, arrivals = (operands[4], operands[4]) if split_k == 1 else _tma_scratch(
+        x.device, n_tiles * m_tiles, split_k, block_m, config.block_n)
+    desc = TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k])
+    rms_m = min(block_m, triton.next_power_of_2(M))  # rows a tile can hold
+    _gemv_tma_kernel[(n_tiles, split_k, m_tiles)](
+        x, desc, *operands[2:5], part, arrivals, *operands[5:], **flags, BLOCK_M=block_m, BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k, SPLIT_K=split_k, FP32=weight.dtype == torch.float32, RMS_M=rms_m,
+        RMS_K=rms_columns(rms_m, K), num_warps=config.num_warps, num_stages=config.num_stages,
+        **_launch_options(pdl),
+    )
