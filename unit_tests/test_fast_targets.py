@@ -36,7 +36,8 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b1 prefill as before", "fast b4", "fast b8",
         "fast b4 rows={}", "fast b8 rows={}", "fast b4 stream per matrix", "fast b8 stream per matrix",
         "fast b4 stream down+o", "fast b8 stream down+o", "fast b4 tensor", "fast b8 tensor", "fast b4 tma 2/SM",
-        "fast b8 tma 2/SM", "fast prompt 1920", "fast prompt 1920 prefill as before",
+        "fast b8 tma 2/SM", "fast b4 tma prefetch 1", "fast b4 tma prefetch 2", "fast b4 tma prefetch 8",
+        "fast b8 tma prefetch 1", "fast b8 tma prefetch 2", "fast b8 tma prefetch 8", "fast prompt 1920", "fast prompt 1920 prefill as before",
         "fast sampled",
         "fast sampled bisection", "fast sampled split", "fast sampled torch", "fast small",
         "fast small no early_loads", "fast small default shapes", "fast small persistent"]
@@ -51,6 +52,7 @@ def test_the_targets_follow_the_cases_that_run(script):
     assert launch["fast small persistent"] == (("persistent", True),)
     assert launch["fast b8 stream per matrix"] == (("rows", script.stream_per_matrix(8)),)
     assert launch["fast b4 tma 2/SM"] == (("tma_per_sm", 2),)
+    assert script.launch_policy(launch["fast b8 tma prefetch 2"]).tma_prefetch == 2
     goals = script.targets([1, 4, 8], 1920, None)
     assert {goal.case for goal in goals} == {"fast b1", "fast b4", "fast b8", "fast prompt 1920", "fast sampled"}
     assert not script.SAMPLED.greedy and script.SAMPLED.temperature == 0.7 and script.SAMPLED.top_p == 0.9
@@ -100,6 +102,7 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast b1 prefill as before", "fast prompt 24 prefill as before",
                                      "fast b4", "fast b4 rows={}", "fast prompt 24", "fast b4 stream per matrix",
                                      "fast b4 stream down+o", "fast b4 tensor", "fast b4 tma 2/SM", "fast b2 tma",
+                                     "fast b4 tma prefetch 1", "fast b4 tma prefetch 2", "fast b4 tma prefetch 8",
                                      "fast sampled", "fast sampled bisection", "fast sampled split",
                                      "fast sampled torch"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]

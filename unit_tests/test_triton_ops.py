@@ -17,6 +17,18 @@ from inferlab.measure.clocks import HostClock
 
 pytest.importorskip("triton", reason="Triton is not installed (requirements/test.txt installs it)")
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from inferlab.fast.kernels.tma import _l2_lines  # noqa: E402
+
+
+@triton.jit
+def _prefetched_lines(out_ptr, n0, k_first, ROWS: tl.constexpr, K: tl.constexpr):
+    """`_l2_lines`'s offsets for 16 rows x 64 columns in lines of 32, stored [16, 2]."""
+    offsets = _l2_lines(n0, k_first, ROWS, K, 16, 64, 32)
+    tl.store(out_ptr + tl.arange(0, 16)[:, None] * 2 + tl.arange(0, 2)[None, :], offsets)
+
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]
 
@@ -306,7 +318,9 @@ def test_the_stream_policy_runs_the_stream_k_kernel_from_its_switch(kernels, rec
 @pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
 # K whole (one program a tile); 2 ranges; as many as the policy's programs per SM give; more than K has tiles
 @pytest.mark.parametrize("target", [1, 6, 0, 1000])
-def test_the_tma_kernel_computes_the_specified_function_launch_after_launch(kernels, dtype, shape, variant, target):
+@pytest.mark.parametrize("prefetch", [0, 2])  # the first 2 tiles of each program asked of L2 before the wait
+def test_the_tma_kernel_computes_the_specified_function_launch_after_launch(kernels, dtype, shape, variant, target,
+                                                                            prefetch):
     """`_gemv_tma_kernel` at 5 rows (a tile of 16 holding 5) and 17 (two row tiles, the second with
     one row), its weight tiles read through a TMA descriptor (zeros past the matrix's edge): the
     specification's function on every launch (the first leaves every arrival count at 0 for the
@@ -318,7 +332,8 @@ def test_the_tma_kernel_computes_the_specified_function_launch_after_launch(kern
     for M in (5, 17):
         x, weight, kwargs = gemv_case(M, shape, variant, dtype)
         launch = kernels.RowsLaunch("tma", config, target_programs=target)
-        policy = kernels.LaunchPolicy(rows_min_batch=2, rows={(N, K, variant == "gated", min(1 << (M - 1).bit_length(), 16)): launch})
+        policy = kernels.LaunchPolicy(rows_min_batch=2, tma_prefetch=prefetch,
+                                      rows={(N, K, variant == "gated", min(1 << (M - 1).bit_length(), 16)): launch})
         for launch_index in range(2):
             ours = kernels.gemv(x, weight, policy=policy, **kwargs)
             assert ours.shape == (M, N)
@@ -341,6 +356,25 @@ def test_the_tma_kernel_cuts_k_until_its_programs_reach_the_target(tiles, k_tile
     assert tma_split_k(tiles, k_tiles, target) == split
 
 
+@pytest.mark.parametrize("wanted, k_tiles, split_k, tiles", [(0, 8, 1, 0), (1, 8, 4, 1), (3, 8, 1, 2), (8, 16, 3, 4),
+                                                              (8, 3, 2, 2), (100, 22, 1, 16)])
+def test_a_tma_program_prefetches_a_power_of_two_of_its_own_tiles(wanted, k_tiles, split_k, tiles):
+    from inferlab.fast.kernels.tma import tma_prefetch_tiles
+
+    assert tma_prefetch_tiles(wanted, k_tiles, split_k) == tiles
+
+
+@pytest.mark.parametrize("n0, k_first", [(0, 0), (40, 64), (96, 96)])
+def test_the_prefetched_lines_stay_inside_the_weight_and_cover_the_tile(n0, k_first):
+    """`_l2_lines`: one offset per 32-element line of rows n0 .. n0 + 16 and columns k_first ..
+    k_first + 64 of a [100, 128] weight; rows and columns past its edge are its last ones."""
+    out = torch.zeros(16, 2, dtype=torch.int64, device=DEVICE)
+    _prefetched_lines[(1,)](out, n0, k_first, ROWS=100, K=128)
+    rows = [min(n0 + r, 99) for r in range(16)]
+    cols = [min(k_first + c * 32, 127) for c in range(2)]
+    assert out.cpu().tolist() == [[row * 128 + col for col in cols] for row in rows]
+
+
 def test_the_tma_policy_runs_the_tma_kernel_from_its_switch_where_a_descriptor_fits(kernels, record_launches):
     """From `rows_min_batch` rows `_gemv_tma_kernel`; a weight whose rows are not 16-byte aligned
     (37 float32 columns) cannot have a descriptor and runs the tensor-core kernel instead."""
@@ -356,6 +390,8 @@ def test_the_tma_policy_runs_the_tma_kernel_from_its_switch_where_a_descriptor_f
     assert policy.rows_launch(32, 64, False, 4) == kernels.RowsLaunch("tma", kernels.LaunchConfig(16, 32, 4, 1))
     with pytest.raises(ValueError, match="tma_per_sm"):
         kernels.LaunchPolicy(tma_per_sm=0)
+    with pytest.raises(ValueError, match="tma_prefetch"):
+        kernels.LaunchPolicy(tma_prefetch=-1)
 
 
 @pytest.mark.parametrize("n_tiles, k_tiles, target, split", [

@@ -125,6 +125,9 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
               for b in batch_sizes if b >= 4]
     found += [Case(f"fast b{b} tma 2/SM", "fast", model, batch_size=b, launch=(("tma_per_sm", 2),))
               for b in batch_sizes if b >= 4]
+    # each program's first 1, 2 or (up to) 8 weight tiles asked of L2 before the wait
+    found += [Case(f"fast b{b} tma prefetch {p}", "fast", model, batch_size=b, launch=(("tma_prefetch", p),))
+              for b in batch_sizes if b >= 4 for p in (1, 2, 8)]
     # 2 and 3 rows in the TMA kernel too, instead of one program per row
     found += [Case(f"fast b{b} tma", "fast", model, batch_size=b, launch=(("rows_min_batch", 2),))
               for b in batch_sizes if 2 <= b < 4]

@@ -157,6 +157,9 @@ class LaunchPolicy:
     # until about this many programs per SM
     tma_gemv: LaunchConfig = TMA_GEMV
     tma_per_sm: int = TMA_PER_SM
+    # batched "tma": each program asks L2 for its first this many weight tiles before waiting on
+    # the previous kernel (0: none), as the one-row kernel loads its first tile there
+    tma_prefetch: int = 0
     cuda_max_rows: int = 8
     # 8: at 16 rows down's kernel in its one-row shape (4 x 2048) spills (`inferlab.fast.aot`)
     rowwise_max_rows: int = 8
@@ -243,6 +246,8 @@ class LaunchPolicy:
             raise ValueError(f"stream_per_sm must be at least 1, not {self.stream_per_sm}")
         if self.tma_per_sm < 1:
             raise ValueError(f"tma_per_sm must be at least 1, not {self.tma_per_sm}")
+        if self.tma_prefetch < 0:
+            raise ValueError(f"tma_prefetch must be 0 or more, not {self.tma_prefetch}")
         if self.split_combine not in SPLIT_COMBINES:
             raise ValueError(f"split_combine must be one of {list(SPLIT_COMBINES)}, not {self.split_combine!r}")
         if self.head_combine not in SPLIT_COMBINES:

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from inferlab.fast.kernels.grid import interpreted
 from inferlab.fast.kernels.launch import _launch_options, kept, multiprocessors
 from inferlab.fast.kernels.policy import LaunchConfig
 from inferlab.fast.kernels.stream import _stream_epilogue, _swap_dot
@@ -26,13 +27,36 @@ from inferlab.fast.kernels.tiles import _input_rows, _rms_scales_wide, rms_colum
 
 
 @triton.jit
+def _l2_lines(n0, k_first, ROWS: tl.constexpr, K: tl.constexpr, R: tl.constexpr, COLUMNS: tl.constexpr,
+              LINE: tl.constexpr):
+    """Offsets into W [ROWS, K] (row-major) of one element in every LINE-element line of rows
+    n0 .. n0 + R and columns k_first .. k_first + COLUMNS, kept inside W (rows and columns past
+    its edge are clamped to its last ones)."""
+    rows = tl.minimum(n0 + tl.arange(0, R), ROWS - 1).to(tl.int64)
+    cols = tl.minimum(k_first + tl.arange(0, COLUMNS // LINE) * LINE, K - 1)
+    return rows[:, None] * K + cols[None, :]
+
+
+@triton.jit
+def _prefetch_l2(w_ptr, offsets, INTERPRETED: tl.constexpr):
+    """Ask L2 for the lines of w_ptr + offsets (`prefetch.global.L2`, a hint that returns at once).
+    Under the interpreter, which has no inline assembly, the same addresses are read instead."""
+    if INTERPRETED:
+        tl.load(w_ptr + offsets)
+    else:
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;", "=r,l", [w_ptr + offsets],
+                                  dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _gemv_tma_kernel(
-    x_ptr, w_desc, norm_ptr, res_ptr, out_ptr, part_ptr, arrivals_ptr,
+    x_ptr, w_desc, w_ptr, norm_ptr, res_ptr, out_ptr, part_ptr, arrivals_ptr,
     M, eps,
     N: tl.constexpr, K: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr, RMS_M: tl.constexpr, RMS_K: tl.constexpr,
+    PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64, INTERPRETED: tl.constexpr = False,
 ):
     """out[m, n] for BLOCK_M rows m and BLOCK_N consecutive n, the weight tiles read through
     `w_desc` (a TMA descriptor of W [N or 2N, K] in tiles [BLOCK_N, BLOCK_K]; tiles past its edge
@@ -44,6 +68,11 @@ def _gemv_tma_kernel(
     SPLIT_K so that no range is empty: `tma_split_k`). With SPLIT_K > 1 each stores its float32 partial sums and
     counts itself in `arrivals`; the last to arrive adds the partial sums in split order (the same
     result whatever the arrival order), applies the epilogue and resets the count to 0.
+
+    PREFETCH > 0 asks L2 for the program's first PREFETCH weight tiles before waiting on the
+    previous kernel (weights are never written), one request per LINE elements (128 bytes), as
+    the one-row kernel loads its first tile there: the copies after the wait then find them on
+    chip or on the way.
     """
     tile_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -57,6 +86,13 @@ def _gemv_tma_kernel(
     K_TILES: tl.constexpr = (K + BLOCK_K - 1) // BLOCK_K
     TILES_PER_SPLIT: tl.constexpr = (K_TILES + SPLIT_K - 1) // SPLIT_K
     k_first = split * (TILES_PER_SPLIT * BLOCK_K)
+    if PREFETCH > 0:
+        ROWS: tl.constexpr = 2 * N if GATED else N
+        R: tl.constexpr = 64 if BLOCK_N > 64 else BLOCK_N  # rows a request tile, to keep it small
+        for r in tl.static_range(0, BLOCK_N, R):
+            _prefetch_l2(w_ptr, _l2_lines(n0 + r, k_first, ROWS, K, R, PREFETCH * BLOCK_K, LINE), INTERPRETED)
+            if GATED:
+                _prefetch_l2(w_ptr, _l2_lines(n0 + N + r, k_first, ROWS, K, R, PREFETCH * BLOCK_K, LINE), INTERPRETED)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -112,6 +148,13 @@ def tma_split_k(tiles: int, k_tiles: int, target_programs: int) -> int:
     return -(-k_tiles // -(-k_tiles // wanted))
 
 
+def tma_prefetch_tiles(wanted: int, k_tiles: int, split_k: int) -> int:
+    """Weight tiles a program asks of L2 before the wait: `wanted`, at most its range's
+    (ceil(k_tiles / split_k)), rounded down to a power of two (a request tile's columns)."""
+    tiles = min(wanted, -(-k_tiles // split_k))
+    return 1 << (tiles.bit_length() - 1) if tiles > 0 else 0
+
+
 def _tma_scratch(device: torch.device, tiles: int, split_k: int, block_m: int, block_n: int) -> tuple:
     """Partial sums ([gate and up] for each tile and range) and arrival counts for the split kernel."""
     return kept(("tma-split-k", device, tiles, split_k, block_m, block_n), lambda: (
@@ -120,9 +163,10 @@ def _tma_scratch(device: torch.device, tiles: int, split_k: int, block_m: int, b
 
 
 def gemv_tma(operands: tuple, flags: dict, config: LaunchConfig, target_programs: int, block_m: int, per_sm: int,
-             pdl: bool) -> None:
+             pdl: bool, prefetch: int = 0) -> None:
     """Launch `_gemv_tma_kernel` on `gemv`'s operands (x, weight, norm, residual, out, M, eps) and
-    flags, K split until about `target_programs` programs (0: `per_sm` per SM)."""
+    flags, K split until about `target_programs` programs (0: `per_sm` per SM), the first
+    `prefetch` weight tiles of each program asked of L2 before the wait (at most its range's)."""
     x, weight, M = operands[0], operands[1], operands[5]
     N, K = flags["N"], flags["K"]
     n_tiles, m_tiles = triton.cdiv(N, config.block_n), triton.cdiv(M, block_m)
@@ -132,9 +176,11 @@ def gemv_tma(operands: tuple, flags: dict, config: LaunchConfig, target_programs
         x.device, n_tiles * m_tiles, split_k, block_m, config.block_n)
     desc = TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k])
     rms_m = min(block_m, triton.next_power_of_2(M))  # rows a tile can hold
+    prefetch = tma_prefetch_tiles(prefetch, triton.cdiv(K, config.block_k), split_k)
+    line = min(128 // weight.element_size(), max(prefetch, 1) * config.block_k)  # elements a request
     _gemv_tma_kernel[(n_tiles, split_k, m_tiles)](
-        x, desc, *operands[2:5], part, arrivals, *operands[5:], **flags, BLOCK_M=block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, SPLIT_K=split_k, FP32=weight.dtype == torch.float32, RMS_M=rms_m,
-        RMS_K=rms_columns(rms_m, K), num_warps=config.num_warps, num_stages=config.num_stages,
-        **_launch_options(pdl),
+        x, desc, weight, *operands[2:5], part, arrivals, *operands[5:], **flags, BLOCK_M=block_m,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split_k, FP32=weight.dtype == torch.float32,
+        RMS_M=rms_m, RMS_K=rms_columns(rms_m, K), PREFETCH=prefetch, LINE=line, INTERPRETED=interpreted(),
+        num_warps=config.num_warps, num_stages=config.num_stages, **_launch_options(pdl),
     )
