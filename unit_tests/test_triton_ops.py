@@ -1054,7 +1054,7 @@ def test_every_kernel_compiles_for_hopper_without_spilling():
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
-    for kernel in ("_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel", "_attention_decode_kernel",
+    for kernel in ("_gemv_kernel", "_gemv_rows_kernel", "_gemv_tma_kernel", "_gemv_batch_kernel", "_attention_decode_kernel",
                    "_attention_split_kernel", "_attention_combine_kernel", "_greedy_step_kernel", "_sample_step_kernel"):
         assert any(kernel in line for line in lines), kernel
     assert all("local     0 B" in line and "spills in loops 0" in line for line in lines)

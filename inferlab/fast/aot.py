@@ -109,6 +109,23 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         cases.append((f"stream {n}x{k} {programs} programs{' prefetch' if prefetch else ''}", kernels.stream._gemv_stream_kernel,
                       dict(gemv, part_ptr=fp32, arrivals_ptr=i32), flags,
                       dict(num_warps=stream.num_warps, num_stages=stream.num_stages)))
+    # the TMA kernel (LaunchPolicy(batched="tma"), the default from 4 rows) on TinyLlama's matrices
+    # as the batched step splits them over 132 SMs, in its tiles (the LM head's own), and with the
+    # L2 prefetch (LaunchPolicy(tma_prefetch=2))
+    tma_types = dict(gemv, part_ptr=fp32, arrivals_ptr=i32)
+    for (n, k, gated), prefetch in itertools.product(((2560, 2048, False), (2048, 2048, False), (5632, 2048, True),
+                                                      (2048, 5632, False), (32000, 2048, False)), (0, 2)):
+        config = kernels.MEASURED_ROWS.get((n, k, gated, 16), kernels.RowsLaunch("tma")).config or kernels.TMA_GEMV
+        n_tiles, k_tiles = -(-n // config.block_n), -(-k // config.block_k)
+        split_k = kernels.tma.tma_split_k(n_tiles, k_tiles, 132)
+        tiles = kernels.tma.tma_prefetch_tiles(prefetch, k_tiles, split_k)
+        flags = dict(N=n, K=k, NORM=n != 2048, GATED=gated, RESIDUAL=n == 2048, BLOCK_M=16, BLOCK_N=config.block_n,
+                     BLOCK_K=config.block_k, SPLIT_K=split_k, PDL=True, FP32=False, RMS_M=16,
+                     RMS_K=kernels.rms_columns(16, k), PREFETCH=tiles, LINE=64, INTERPRETED=False)
+        cases.append((f"tma {n}x{k} split-K {split_k}{f' prefetch {tiles}' if tiles else ''}",
+                      kernels.tma._gemv_tma_kernel,
+                      dict(tma_types, w_desc=f"tensordesc<bf16[{config.block_n}, {config.block_k}]>"), flags,
+                      dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     for rows in (2, 4, 8):  # the CUDA-core batch kernel (LaunchPolicy(batched="cuda")) at its row counts
         # (n, k, norm, gated, residual, early, wide): as it runs; down with its residual loaded early
         # (LaunchPolicy(early_loads=True)); [q; k; v] with its RMS pass in wide tiles (LaunchPolicy(wide_rms=True))
