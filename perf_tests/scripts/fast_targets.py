@@ -94,6 +94,10 @@ STREAM_FASTEST = {(5632, 2048, True): ((64, 128, 4, 3), 264), (2048, 5632, False
 NARROW_OUTPUTS = ((2048, 5632, False), (2048, 2048, False))
 
 
+# TinyLlama's narrow matrices (N, K): [q; k; v], o, down
+NARROW_TMA = ((2560, 2048), (2048, 2048), (2048, 5632))
+
+
 def stream_per_matrix(rows: int, matrices=tuple(STREAM_FASTEST)) -> tuple:
     """`LaunchPolicy.rows` pairs that run each of `matrices` at `rows` rows in its `STREAM_FASTEST` launch."""
     return tuple(((n, k, gated, rows), ("stream", *STREAM_FASTEST[n, k, gated])) for n, k, gated in matrices)
@@ -128,6 +132,11 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # each program's first 1, 2 or (up to) 8 weight tiles asked of L2 before the wait
     found += [Case(f"fast b{b} tma prefetch {p}", "fast", model, batch_size=b, launch=(("tma_prefetch", p),))
               for b in batch_sizes if b >= 4 for p in (1, 2, 8)]
+    # the narrow matrices ([q; k; v], o, down) in TMA tiles of 32 or 16 weight rows: more tiles, so
+    # K is not split (no partial sums to add after the loop)
+    found += [Case(f"fast b{b} tma narrow n{n}", "fast", model, batch_size=b, launch=(("rows_added", tuple(
+        ((rows, k, False, min(16, 1 << (b - 1).bit_length())), ("tma", (n, 256, 4, 4)))
+        for rows, k in NARROW_TMA)),)) for b in batch_sizes if b >= 4 for n in (32, 16)]
     # 2 and 3 rows in the TMA kernel too, instead of one program per row
     found += [Case(f"fast b{b} tma", "fast", model, batch_size=b, launch=(("rows_min_batch", 2),))
               for b in batch_sizes if 2 <= b < 4]

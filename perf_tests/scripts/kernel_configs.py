@@ -178,7 +178,8 @@ STREAM_TILES = {"n64 k128": ops.STREAM_GEMV, "n64 k128 s3": ops.LaunchConfig(64,
 # the TMA kernel's tiles: weight rows x columns, warps, stages (`TMA_GEMV` first)
 TMA_TILES = {"n64 k128": ops.TMA_GEMV, "n64 k128 s6": ops.LaunchConfig(64, 128, 4, 6),
              "n64 k256 s3": ops.LaunchConfig(64, 256, 4, 3), "n128 k128 s3": ops.LaunchConfig(128, 128, 4, 3),
-             "n128 k64 s6": ops.LaunchConfig(128, 64, 4, 6)}
+             "n128 k64 s6": ops.LaunchConfig(128, 64, 4, 6), "n32 k256 s4": ops.LaunchConfig(32, 256, 4, 4),
+             "n16 k256 s4": ops.LaunchConfig(16, 256, 4, 4)}
 
 
 def rows_policy(N: int, K: int, gated: bool, rows: int, launch: ops.RowsLaunch) -> ops.LaunchPolicy:
