@@ -11,7 +11,11 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   at the reference shape and at prompt `--long-prompt`;
 - the fast engine at each `--batch-sizes` (from 4 rows also without the batched launches measured
   per matrix, `LaunchPolicy(rows={})`, with each matrix in the stream-K launch timed fastest for
-  it alone, `STREAM_FASTEST`, and with only down and o in it), at prompt `--long-prompt`, with
+  it alone, `STREAM_FASTEST`, and with only down and o in it; in the tensor-core kernel with its
+  own table as before the TMA kernel, `LaunchPolicy(batched="tensor", rows=TENSOR_ROWS)`; and
+  in the TMA kernel at two programs per SM, with each program's first 1, 2 or 8 weight tiles
+  asked of L2 before the wait, and with the narrow matrices in tiles of 32 or 16 weight rows;
+  at 2 and 3 rows in the TMA kernel instead of one program per row), at prompt `--long-prompt`, with
   temperature 0.7 and top-p 0.9 sampling (the step ending in the sampling kernel of one program
   a row, the default; the same with top-p found by bisection alone,
   `LaunchPolicy(sample_candidates=0)`; in the split sampling kernel,
