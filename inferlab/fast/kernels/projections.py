@@ -26,7 +26,8 @@ from inferlab.fast.kernels.policy import DEFAULT_POLICY, LaunchConfig, LaunchPol
 from inferlab.fast.kernels.stream import gemv_stream
 from inferlab.fast.kernels.tma import gemv_tma, tma_fits
 from inferlab.fast.kernels.tiles import (_input_rows, _input_tile, _load_row, _normed, _rms_scale, _rms_scales,
-                                         _rms_scales_wide, _silu_times, _tile_dot, _weight_tile, rms_columns)
+                                         _rms_scales_wide, _silu_times, _split_k_sums, _tile_dot, _weight_tile,
+                                         rms_columns)
 
 
 @triton.jit
@@ -166,23 +167,8 @@ def _gemv_rows_kernel(
     mask = mask_m[:, None] & mask_n[None, :]
     last = True
     if SPLIT_K > 1:
-        tile = tile_m * tl.num_programs(0) + tile_n
-        cell = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-        PART: tl.constexpr = BLOCK_M * BLOCK_N
-        tl.store(part_ptr + ((tile * SPLIT_K + split) * 2) * PART + cell, acc)
-        if GATED:
-            tl.store(part_ptr + ((tile * SPLIT_K + split) * 2 + 1) * PART + cell, acc_up)
-        tl.debug_barrier()  # every thread's partial sums are written before the count says so
-        last = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1
-        if last:
-            tl.debug_barrier()
-            acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-            for s in range(SPLIT_K):
-                acc += tl.load(part_ptr + ((tile * SPLIT_K + s) * 2) * PART + cell, cache_modifier=".cg")
-                if GATED:
-                    acc_up += tl.load(part_ptr + ((tile * SPLIT_K + s) * 2 + 1) * PART + cell, cache_modifier=".cg")
-            tl.atomic_xchg(arrivals_ptr + tile, 0)
+        last, acc, acc_up = _split_k_sums(part_ptr, arrivals_ptr, tile_m * tl.num_programs(0) + tile_n, split, acc,
+                                          acc_up, BLOCK_M, BLOCK_N, SPLIT_K, GATED)
     if last:
         y = acc.to(dtype)
         if GATED:

@@ -1,6 +1,6 @@
 """Tiles shared by the projection kernels: loads of weight and input tiles, the RMS scales of
-the input rows, the input normalized and rounded as the specification rounds it, SiLU x up, and
-the tensor-core product of a tile.
+the input rows, the input normalized and rounded as the specification rounds it, SiLU x up, the
+tensor-core product of a tile, and the partial sums of a tile whose K is split between programs.
 """
 
 from __future__ import annotations
@@ -116,3 +116,32 @@ def rms_columns(rows: int, k: int, elements: int = 8192) -> int:
     """Columns per tile of `_rms_scales_wide` over `rows` rows (a power of two): `elements` values
     a tile (128 bytes a thread of bf16 over 4 warps), at most K rounded up to a power of two."""
     return min(triton.next_power_of_2(k), max(16, elements // rows))
+
+
+@triton.jit
+def _split_k_sums(part_ptr, arrivals_ptr, tile, split, acc, acc_up, R: tl.constexpr, C: tl.constexpr,
+                  SPLIT_K: tl.constexpr, GATED: tl.constexpr):
+    """K split between SPLIT_K programs of one output tile: store this program's float32 partial
+    sums (acc, and acc_up when GATED, each [R, C]) in slot `split` of `tile` and count the program in
+    `arrivals`. The last of the tile's programs to arrive adds every slot in split order (the same
+    result whatever the arrival order), resets the count to 0 for the next launch and returns
+    (True, the sums); the others return (False, their own partial sums)."""
+    cell = tl.arange(0, R)[:, None] * C + tl.arange(0, C)[None, :]
+    PART: tl.constexpr = R * C
+    slot = part_ptr + ((tile * SPLIT_K + split) * 2).to(tl.int64) * PART
+    tl.store(slot + cell, acc)
+    if GATED:
+        tl.store(slot + PART + cell, acc_up)
+    tl.debug_barrier()  # every thread's partial sums are written before the count says so
+    last = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1
+    if last:
+        tl.debug_barrier()
+        acc = tl.zeros([R, C], dtype=tl.float32)
+        acc_up = tl.zeros([R, C], dtype=tl.float32)
+        for s in range(SPLIT_K):
+            slot = part_ptr + ((tile * SPLIT_K + s) * 2).to(tl.int64) * PART
+            acc += tl.load(slot + cell, cache_modifier=".cg")
+            if GATED:
+                acc_up += tl.load(slot + PART + cell, cache_modifier=".cg")
+        tl.atomic_xchg(arrivals_ptr + tile, 0)
+    return last, acc, acc_up

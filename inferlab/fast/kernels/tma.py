@@ -23,7 +23,7 @@ from inferlab.fast.kernels.grid import interpreted
 from inferlab.fast.kernels.launch import _launch_options, kept, multiprocessors
 from inferlab.fast.kernels.policy import LaunchConfig
 from inferlab.fast.kernels.stream import _stream_epilogue, _swap_dot
-from inferlab.fast.kernels.tiles import _input_rows, _rms_scales_wide, rms_columns
+from inferlab.fast.kernels.tiles import _input_rows, _rms_scales_wide, _split_k_sums, rms_columns
 
 
 @triton.jit
@@ -109,25 +109,8 @@ def _gemv_tma_kernel(
             acc_up = _swap_dot(w_desc.load([n0 + N, k0]), xv, acc_up, FP32)
     last = True
     if SPLIT_K > 1:
-        tile = tile_m * tl.num_programs(0) + tile_n
-        cell = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-        PART: tl.constexpr = BLOCK_N * BLOCK_M
-        slot = part_ptr + ((tile * SPLIT_K + split) * 2).to(tl.int64) * PART
-        tl.store(slot + cell, acc)
-        if GATED:
-            tl.store(slot + PART + cell, acc_up)
-        tl.debug_barrier()  # every thread's partial sums are written before the count says so
-        last = tl.atomic_add(arrivals_ptr + tile, 1, sem="acq_rel") == SPLIT_K - 1
-        if last:
-            tl.debug_barrier()
-            acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-            for s in range(SPLIT_K):
-                slot = part_ptr + ((tile * SPLIT_K + s) * 2).to(tl.int64) * PART
-                acc += tl.load(slot + cell, cache_modifier=".cg")
-                if GATED:
-                    acc_up += tl.load(slot + PART + cell, cache_modifier=".cg")
-            tl.atomic_xchg(arrivals_ptr + tile, 0)
+        last, acc, acc_up = _split_k_sums(part_ptr, arrivals_ptr, tile_m * tl.num_programs(0) + tile_n, split, acc,
+                                          acc_up, BLOCK_N, BLOCK_M, SPLIT_K, GATED)
     if last:
         _stream_epilogue(acc, acc_up, offs_n, offs_m, mask_n, mask_m, res_ptr, out_ptr, N, GATED, RESIDUAL, dtype)
 
