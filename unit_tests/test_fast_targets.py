@@ -38,7 +38,8 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b4 stream down+o", "fast b8 stream down+o", "fast b4 tensor", "fast b8 tensor", "fast b4 tma 2/SM",
         "fast b8 tma 2/SM", "fast b4 tma prefetch 1", "fast b4 tma prefetch 2", "fast b4 tma prefetch 8",
         "fast b8 tma prefetch 1", "fast b8 tma prefetch 2", "fast b8 tma prefetch 8", "fast b4 tma narrow n32",
-        "fast b4 tma narrow n16", "fast b8 tma narrow n32", "fast b8 tma narrow n16", "fast prompt 1920", "fast prompt 1920 prefill as before",
+        "fast b4 tma narrow n16", "fast b8 tma narrow n32", "fast b8 tma narrow n16", "fast b4 stream tma 1/SM",
+        "fast b4 stream tma 2/SM", "fast b8 stream tma 1/SM", "fast b8 stream tma 2/SM", "fast prompt 1920", "fast prompt 1920 prefill as before",
         "fast sampled",
         "fast sampled bisection", "fast sampled split", "fast sampled torch", "fast small",
         "fast small no early_loads", "fast small default shapes", "fast small persistent"]
@@ -87,6 +88,9 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert before.batched == "tensor" and dict(before.rows) == kernels.TENSOR_ROWS
     assert before.rows_launch(2560, 2048, False, 4).kernel == "cuda" and before.rows_launch(5632, 2048, True, 4).kernel == "tensor"
     assert script.launch_policy(made["fast b4 tma 2/SM"].launch).tma_per_sm == 2
+    stream_tma = script.launch_policy(made["fast b4 stream tma 1/SM"].launch)
+    assert stream_tma.stream_tma and stream_tma.stream_per_sm == 1 and stream_tma.rows_launch(2048, 2048, False, 4).kernel == "stream"
+    assert stream_tma.rows_launch(32000, 2048, False, 4) == kernels.MEASURED_ROWS[32000, 2048, False, 4]
     narrow = script.launch_policy(made["fast b4 tma narrow n16"].launch)
     assert narrow.rows_launch(2048, 5632, False, 4) == kernels.RowsLaunch("tma", kernels.LaunchConfig(16, 256, 4, 4))
     assert narrow.rows_launch(5632, 2048, True, 4) == kernels.RowsLaunch("tma", kernels.TMA_GEMV)
@@ -108,7 +112,8 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast b4", "fast b4 rows={}", "fast prompt 24", "fast b4 stream per matrix",
                                      "fast b4 stream down+o", "fast b4 tensor", "fast b4 tma 2/SM", "fast b2 tma",
                                      "fast b4 tma prefetch 1", "fast b4 tma prefetch 2", "fast b4 tma prefetch 8",
-                                     "fast b4 tma narrow n32", "fast b4 tma narrow n16",
+                                     "fast b4 tma narrow n32", "fast b4 tma narrow n16", "fast b4 stream tma 1/SM",
+                                     "fast b4 stream tma 2/SM",
                                      "fast sampled", "fast sampled bisection", "fast sampled split",
                                      "fast sampled torch"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]

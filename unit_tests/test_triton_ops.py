@@ -276,8 +276,9 @@ def assert_launch_after_launch(kernels, launch, policy: dict, shape: str, varian
 # tile and the start of the next), also with the first unit's weights loaded before the wait; more
 # programs than units (capped: a unit each)
 @pytest.mark.parametrize("programs, prefetch", [(1, False), (7, False), (7, True), (1000, False)])
+@pytest.mark.parametrize("tma", [False, True])  # the weight tiles through a TMA descriptor
 def test_the_stream_k_kernel_computes_the_specified_function_launch_after_launch(kernels, dtype, shape, variant,
-                                                                                 programs, prefetch):
+                                                                                 programs, prefetch, tma):
     """`_gemv_stream_kernel` at 5 rows (a tile of 16 holding 5) and 17 (two row tiles, the second
     with one row): the specification's function on every launch (the first leaves every arrival
     count at 0 for the second), whatever the programs' cut."""
@@ -285,7 +286,7 @@ def test_the_stream_k_kernel_computes_the_specified_function_launch_after_launch
         pytest.skip("logits from float32 inputs are 'norm' exactly (dtype_variants)")
     config = kernels.LaunchConfig(block_n=16, block_k=32, num_warps=4, num_stages=2)
     launch = kernels.RowsLaunch("stream", config, target_programs=programs, prefetch=prefetch)
-    assert_launch_after_launch(kernels, launch, {}, shape, variant, dtype)
+    assert_launch_after_launch(kernels, launch, {"stream_tma": tma}, shape, variant, dtype)
     counts = [buffers[1] for key, buffers in kernels.KEPT.items() if key[0] == "stream-k"]
     assert counts and all(int(c.abs().sum()) == 0 for c in counts)
 
@@ -917,6 +918,7 @@ ENGINE_POLICIES = {
     # the stream-K kernel: at 4 rows, and from 2 rows with its first unit loaded before the wait
     "stream-4": (4, {"batched": "stream", "rows": {}}, None),
     "stream-prefetch-2": (2, {"batched": "stream", "rows": {}, "rows_min_batch": 2, "stream_prefetch": True}, None),
+    "stream-tma-4": (4, {"batched": "stream", "rows": {}, "stream_tma": True}, None),
     # the tensor-core kernel the TMA kernel replaced as the default, with its own table
     "tensor-4": (4, {"batched": "tensor", "rows": "TENSOR_ROWS"}, None),
 }

@@ -98,16 +98,22 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
     # the stream-K kernel (LaunchPolicy(batched="stream")) on TinyLlama's matrices at 16 rows, two programs per SM
     # of an H100/H200
     # (the first unit loaded before the wait: RowsLaunch("stream", prefetch=True))
-    for (n, k, gated), prefetch in itertools.product(((2560, 2048, False), (2048, 2048, False), (5632, 2048, True),
-                                                      (2048, 5632, False), (32000, 2048, False)), (False, True)):
+    # (and with its weight tiles through a TMA descriptor: LaunchPolicy(stream_tma=True))
+    for (n, k, gated), prefetch, tma in itertools.product(((2560, 2048, False), (2048, 2048, False), (5632, 2048, True),
+                                                           (2048, 5632, False), (32000, 2048, False)), (False, True),
+                                                          (False, True)):
         n_tiles, k_tiles = -(-n // stream.block_n), -(-k // stream.block_k)
         programs = min(264, n_tiles * k_tiles)
         flags = dict(N=n, K=k, NORM=n != 2048, GATED=gated, RESIDUAL=n == 2048, BLOCK_M=16, BLOCK_N=stream.block_n,
                      BLOCK_K=stream.block_k, EVEN_K=k % stream.block_k == 0,
                      PROGRAMS=programs, SLOTS=kernels.stream.stream_slots(n_tiles, k_tiles, programs), PDL=True,
-                     FP32=False, PREFETCH=prefetch, RMS_M=16, RMS_K=kernels.rms_columns(16, k))
-        cases.append((f"stream {n}x{k} {programs} programs{' prefetch' if prefetch else ''}", kernels.stream._gemv_stream_kernel,
-                      dict(gemv, part_ptr=fp32, arrivals_ptr=i32), flags,
+                     FP32=False, PREFETCH=prefetch, RMS_M=16, RMS_K=kernels.rms_columns(16, k), TMA=tma)
+        types = dict(gemv, part_ptr=fp32, arrivals_ptr=i32,
+                     w_desc=f"tensordesc<bf16[{stream.block_n}, {stream.block_k}]>" if tma else "constexpr")
+        if not tma:
+            flags["w_desc"] = None
+        cases.append((f"stream {n}x{k} {programs} programs{' prefetch' if prefetch else ''}{' TMA' if tma else ''}",
+                      kernels.stream._gemv_stream_kernel, types, flags,
                       dict(num_warps=stream.num_warps, num_stages=stream.num_stages)))
     # the TMA kernel (LaunchPolicy(batched="tma"), the default from 4 rows) on TinyLlama's matrices
     # as the batched step splits them over 132 SMs, in its tiles (the LM head's own), and with the

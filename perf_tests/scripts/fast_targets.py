@@ -141,6 +141,11 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found += [Case(f"fast b{b} tma narrow n{n}", "fast", model, batch_size=b, launch=(("rows_added", tuple(
         ((rows, k, False, min(16, 1 << (b - 1).bit_length())), ("tma", (n, 256, 4, 4)))
         for rows, k in NARROW_TMA)),)) for b in batch_sizes if b >= 4 for n in (32, 16)]
+    # the stream-K kernel (every matrix but the LM head) with its weight tiles through TMA, at one
+    # and two programs per SM: the work cut evenly over the SMs with the TMA kernel's loads
+    found += [Case(f"fast b{b} stream tma {p}/SM", "fast", model, batch_size=b,
+                   launch=(("batched", "stream"), ("stream_tma", True), ("stream_per_sm", p)))
+              for b in batch_sizes if b >= 4 for p in (1, 2)]
     # 2 and 3 rows in the TMA kernel too, instead of one program per row
     found += [Case(f"fast b{b} tma", "fast", model, batch_size=b, launch=(("rows_min_batch", 2),))
               for b in batch_sizes if 2 <= b < 4]

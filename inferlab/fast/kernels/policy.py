@@ -153,6 +153,9 @@ class LaunchPolicy:
     stream_gemv: LaunchConfig = STREAM_GEMV
     stream_per_sm: int = STREAM_PER_SM
     stream_prefetch: bool = False
+    # the stream-K kernel's weight tiles copied by the TMA (where a descriptor can be made), as the
+    # TMA kernel reads them: its even cut of the work with the TMA kernel's loads
+    stream_tma: bool = False
     # batched "tma": from rows_min_batch rows, `_gemv_tma_kernel` in this launch shape, K split
     # until about this many programs per SM
     tma_gemv: LaunchConfig = TMA_GEMV

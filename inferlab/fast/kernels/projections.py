@@ -362,7 +362,8 @@ def gemv(
         return out
     if launch.kernel == "stream":
         gemv_stream(operands, flags, config or launch.config or policy.stream_gemv, launch.target_programs,
-                    launch.prefetch, policy.rows_block_m, policy.stream_per_sm, pdl)
+                    launch.prefetch, policy.rows_block_m, policy.stream_per_sm, pdl,
+                    policy.stream_tma and tma_fits(x, weight))
         return out
     if launch.kernel == "tma" and tma_fits(x, weight):
         gemv_tma(operands, flags, config or launch.config or policy.tma_gemv, launch.target_programs,

@@ -14,6 +14,7 @@ import functools
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from inferlab.fast.kernels.launch import _launch_options, kept, multiprocessors
 from inferlab.fast.kernels.policy import LaunchConfig
@@ -106,18 +107,30 @@ def _stream_arrive(part_ptr, arrivals_ptr, tile, offs_m, mask_m, res_ptr, out_pt
 
 
 @triton.jit
-def _stream_weights(w_ptr, u, live, N: tl.constexpr, K: tl.constexpr, K_TILES: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr):
+def _stream_weights(w_ptr, w_desc, u, live, N: tl.constexpr, K: tl.constexpr, K_TILES: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr, EVEN_K: tl.constexpr,
+                    TMA: tl.constexpr):
     """Unit u's weight tile [BLOCK_N, BLOCK_K] (and its up tile when GATED; else the same tile),
-    zero when not `live`; with the unit's weight rows, their mask and its columns."""
+    zero when not `live`; with the unit's weight rows, their mask and its columns. TMA copies the
+    tiles through the descriptor `w_desc` instead (a unit not live is asked for past the weight's
+    last row, which the copy engine answers with zeros and no memory traffic)."""
     t = u // K_TILES
     offs_n = t * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    offs_k = (u - t * K_TILES) * BLOCK_K + tl.arange(0, BLOCK_K)
-    w = _unit_tile(w_ptr, offs_n, offs_k, mask_n & live, K, EVEN_K)
-    up = w
-    if GATED:
-        up = _unit_tile(w_ptr, offs_n + N, offs_k, mask_n & live, K, EVEN_K)
+    k0 = (u - t * K_TILES) * BLOCK_K
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    if TMA:
+        ROWS: tl.constexpr = 2 * N if GATED else N
+        row = tl.where(live, t * BLOCK_N, ROWS)
+        w = w_desc.load([row, k0])
+        up = w
+        if GATED:
+            up = w_desc.load([tl.where(live, t * BLOCK_N + N, ROWS), k0])
+    else:
+        w = _unit_tile(w_ptr, offs_n, offs_k, mask_n & live, K, EVEN_K)
+        up = w
+        if GATED:
+            up = _unit_tile(w_ptr, offs_n + N, offs_k, mask_n & live, K, EVEN_K)
     return w, up, offs_n, mask_n, offs_k
 
 
@@ -161,7 +174,7 @@ def _gemv_stream_kernel(
     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
     PROGRAMS: tl.constexpr, SLOTS: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr, PREFETCH: tl.constexpr,
-    RMS_M: tl.constexpr, RMS_K: tl.constexpr,
+    RMS_M: tl.constexpr, RMS_K: tl.constexpr, w_desc=None, TMA: tl.constexpr = False,
 ):
     """out[m, n] for BLOCK_M rows m and every n, on the tensor cores, the matrix's work spread
     evenly over PROGRAMS programs whatever its shape (stream-K).
@@ -184,6 +197,9 @@ def _gemv_stream_kernel(
 
     PREFETCH loads the first unit's weight tile before waiting on the previous kernel, as the
     one-row kernel does, and multiplies it once the input is in.
+
+    TMA copies the weight tiles through `w_desc` (a TMA descriptor of W in tiles [BLOCK_N,
+    BLOCK_K], as `inferlab.fast.kernels.tma` reads them) instead of one address a thread.
     """
     p = tl.program_id(0)
     tile_m = tl.program_id(1)
@@ -198,8 +214,8 @@ def _gemv_stream_kernel(
     dtype = w_ptr.dtype.element_ty
     STEPS: tl.constexpr = (UNITS + PROGRAMS - 1) // PROGRAMS  # units of the longest range
     if PREFETCH:  # the first unit's weights, before the wait (weights are never written)
-        w_first, up_first, offs_n, mask_n, offs_k = _stream_weights(w_ptr, u_first, u_first < u_end, N, K, K_TILES,
-                                                                    BLOCK_N, BLOCK_K, GATED, EVEN_K)
+        w_first, up_first, offs_n, mask_n, offs_k = _stream_weights(w_ptr, w_desc, u_first, u_first < u_end, N, K,
+                                                                    K_TILES, BLOCK_N, BLOCK_K, GATED, EVEN_K, TMA)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
@@ -218,7 +234,8 @@ def _gemv_stream_kernel(
     for i in range(1 if PREFETCH else 0, STEPS):
         u = u_first + i
         live = u < u_end
-        w, up, offs_n, mask_n, offs_k = _stream_weights(w_ptr, u, live, N, K, K_TILES, BLOCK_N, BLOCK_K, GATED, EVEN_K)
+        w, up, offs_n, mask_n, offs_k = _stream_weights(w_ptr, w_desc, u, live, N, K, K_TILES, BLOCK_N, BLOCK_K, GATED,
+                                                        EVEN_K, TMA)
         acc, acc_up = _stream_products(w, up, x_rows, norm_ptr, offs_k, scale, live, mask_m, acc, acc_up, K, NORM,
                                        GATED, FP32, dtype)
         acc, acc_up = _stream_unit_end(acc, acc_up, u, live, u_first, p, tile_m, offs_n, mask_n, offs_m, mask_m,
@@ -260,9 +277,10 @@ def _stream_scratch(device: torch.device, tiles: int, slots: int, block_m: int, 
 
 
 def gemv_stream(operands: tuple, flags: dict, config: LaunchConfig, target_programs: int, prefetch: bool,
-                block_m: int, per_sm: int, pdl: bool) -> None:
+                block_m: int, per_sm: int, pdl: bool, tma: bool = False) -> None:
     """Launch `_gemv_stream_kernel` on `gemv`'s operands (x, weight, norm, residual, out, M, eps)
-    and flags: `target_programs` programs (0: `per_sm` per SM, at most one per unit)."""
+    and flags: `target_programs` programs (0: `per_sm` per SM, at most one per unit); with `tma`,
+    the weight tiles copied through a TMA descriptor."""
     x, weight, M = operands[0], operands[1], operands[5]
     N, K = flags["N"], flags["K"]
     n_tiles, k_tiles = triton.cdiv(N, config.block_n), triton.cdiv(K, config.block_k)
@@ -275,5 +293,6 @@ def gemv_stream(operands: tuple, flags: dict, config: LaunchConfig, target_progr
         *operands[:5], part, arrivals, *operands[5:], **flags, BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, EVEN_K=K % config.block_k == 0, PROGRAMS=programs, SLOTS=slots,
         FP32=weight.dtype == torch.float32, PREFETCH=prefetch, RMS_M=rms_m, RMS_K=rms_columns(rms_m, K),
+        w_desc=TensorDescriptor.from_tensor(weight, [config.block_n, config.block_k]) if tma else None, TMA=tma,
         num_warps=config.num_warps, num_stages=config.num_stages, **_launch_options(pdl),
     )
