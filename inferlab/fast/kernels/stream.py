@@ -18,7 +18,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from inferlab.fast.kernels.launch import _launch_options, kept, multiprocessors
 from inferlab.fast.kernels.policy import LaunchConfig
-from inferlab.fast.kernels.tiles import _input_rows, _rms_scales_wide, _silu_times, rms_columns
+from inferlab.fast.kernels.tiles import _input_rows, _silu_times, _wait_then_scales, rms_columns
 
 
 @triton.jit
@@ -216,12 +216,7 @@ def _gemv_stream_kernel(
     if PREFETCH:  # the first unit's weights, before the wait (weights are never written)
         w_first, up_first, offs_n, mask_n, offs_k = _stream_weights(w_ptr, w_desc, u_first, u_first < u_end, N, K,
                                                                     K_TILES, BLOCK_N, BLOCK_K, GATED, EVEN_K, TMA)
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    scale = tl.full([BLOCK_M], 1.0, tl.float32)
-    if NORM:
-        scale = _rms_scales_wide(x_ptr, tile_m * BLOCK_M, M, eps, K, BLOCK_M, RMS_M, RMS_K)
+    scale = _wait_then_scales(x_ptr, tile_m * BLOCK_M, M, eps, K, BLOCK_M, RMS_M, RMS_K, NORM, PDL)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     if PREFETCH:

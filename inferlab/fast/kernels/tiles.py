@@ -145,3 +145,17 @@ def _split_k_sums(part_ptr, arrivals_ptr, tile, split, acc, acc_up, R: tl.conste
                 acc_up += tl.load(slot + PART + cell, cache_modifier=".cg")
         tl.atomic_xchg(arrivals_ptr + tile, 0)
     return last, acc, acc_up
+
+
+@triton.jit
+def _wait_then_scales(x_ptr, row0, M, eps, K: tl.constexpr, BLOCK_M: tl.constexpr, RMS_M: tl.constexpr,
+                      RMS_K: tl.constexpr, NORM: tl.constexpr, PDL: tl.constexpr):
+    """Wait for the previous kernel (under PDL), then the RMS scales [BLOCK_M] of rows row0 ..
+    row0 + BLOCK_M (`_rms_scales_wide`; 1 without NORM): the first reads of what it wrote."""
+    if PDL:
+        tl.extra.cuda.gdc_launch_dependents()
+        tl.extra.cuda.gdc_wait()
+    scale = tl.full([BLOCK_M], 1.0, tl.float32)
+    if NORM:
+        scale = _rms_scales_wide(x_ptr, row0, M, eps, K, BLOCK_M, RMS_M, RMS_K)
+    return scale

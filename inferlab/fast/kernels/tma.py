@@ -20,10 +20,10 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from inferlab.fast.kernels.grid import interpreted
-from inferlab.fast.kernels.launch import _launch_options, kept, multiprocessors
+from inferlab.fast.kernels.launch import _launch_options, kept, multiprocessors, pdl_supported
 from inferlab.fast.kernels.policy import LaunchConfig
 from inferlab.fast.kernels.stream import _stream_epilogue, _swap_dot
-from inferlab.fast.kernels.tiles import _input_rows, _rms_scales_wide, _split_k_sums, rms_columns
+from inferlab.fast.kernels.tiles import _input_rows, _split_k_sums, _wait_then_scales, rms_columns
 
 
 @triton.jit
@@ -93,12 +93,7 @@ def _gemv_tma_kernel(
             _prefetch_l2(w_ptr, _l2_lines(n0 + r, k_first, ROWS, K, R, PREFETCH * BLOCK_K, LINE), INTERPRETED)
             if GATED:
                 _prefetch_l2(w_ptr, _l2_lines(n0 + N + r, k_first, ROWS, K, R, PREFETCH * BLOCK_K, LINE), INTERPRETED)
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-        tl.extra.cuda.gdc_wait()
-    scale = tl.full([BLOCK_M], 1.0, tl.float32)
-    if NORM:
-        scale = _rms_scales_wide(x_ptr, tile_m * BLOCK_M, M, eps, K, BLOCK_M, RMS_M, RMS_K)
+    scale = _wait_then_scales(x_ptr, tile_m * BLOCK_M, M, eps, K, BLOCK_M, RMS_M, RMS_K, NORM, PDL)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for i in range(TILES_PER_SPLIT):
@@ -118,7 +113,7 @@ def _gemv_tma_kernel(
 def tma_fits(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether `weight` can be read through a TMA descriptor here: on a Hopper or later GPU (or
     under Triton's interpreter, on the CPU), with its rows 16-byte aligned."""
-    if x.device.type == "cuda" and torch.cuda.get_device_capability(x.device)[0] < 9:
+    if x.device.type == "cuda" and not pdl_supported(x.device):  # Hopper or later (capability read once)
         return False
     return weight.data_ptr() % 16 == 0 and (weight.shape[1] * weight.element_size()) % 16 == 0
 
