@@ -14,7 +14,8 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   it alone, `STREAM_FASTEST`, and with only down and o in it; in the tensor-core kernel with its
   own table as before the TMA kernel, `LaunchPolicy(batched="tensor", rows=TENSOR_ROWS)`; and
   in the TMA kernel at two programs per SM, with each program's first 1, 2 or 8 weight tiles
-  asked of L2 before the wait, and with the narrow matrices in tiles of 32 or 16 weight rows;
+  asked of L2 before the wait, with the narrow matrices in tiles of 32 or 16 weight rows (and
+  their tiles asked of L2 before the wait), and in two stages with and without that;
   at 2 and 3 rows in the TMA kernel instead of one program per row), at prompt `--long-prompt`, with
   temperature 0.7 and top-p 0.9 sampling (the step ending in the sampling kernel of one program
   a row, the default; the same with top-p found by bisection alone,
@@ -141,6 +142,17 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found += [Case(f"fast b{b} tma narrow n{n}", "fast", model, batch_size=b, launch=(("rows_added", tuple(
         ((rows, k, False, min(16, 1 << (b - 1).bit_length())), ("tma", (n, 256, 4, 4)))
         for rows, k in NARROW_TMA)),)) for b in batch_sizes if b >= 4 for n in (32, 16)]
+    # the same with each program's tiles (up to 8) asked of L2 before the wait: K whole, so that is
+    # all of a program's weights
+    found += [Case(f"fast b{b} tma narrow n{n} prefetch 8", "fast", model, batch_size=b, launch=(
+        ("tma_prefetch", 8), ("rows_added", tuple(((rows, k, False, min(16, 1 << (b - 1).bit_length())),
+                                                  ("tma", (n, 256, 4, 4))) for rows, k in NARROW_TMA))))
+              for b in batch_sizes if b >= 4 for n in (32, 16)]
+    # two stages instead of three (64 KB of weight tiles a program, 128 KB for [gate; up]): a program
+    # fits beside the previous kernel's on an SM, so its prefetch runs while that kernel drains
+    found += [Case(f"fast b{b} tma s2 prefetch {p}", "fast", model, batch_size=b,
+                   launch=(("tma_gemv", (64, 256, 4, 2)), ("tma_prefetch", p))) for b in batch_sizes if b >= 4
+              for p in (0, 8)]
     # the stream-K kernel (every matrix but the LM head) with its weight tiles through TMA, at one
     # and two programs per SM: the work cut evenly over the SMs with the TMA kernel's loads
     found += [Case(f"fast b{b} stream tma {p}/SM", "fast", model, batch_size=b,
@@ -198,6 +210,8 @@ def launch_policy(launch: tuple):
     def value_of(name, value):
         if name == "gemv":
             return MappingProxyType(dict(value))
+        if name == "tma_gemv":
+            return LaunchConfig(*value)
         if name == "rows" and value == "tensor":  # the table measured for the tensor-core kernel
             return MappingProxyType(TENSOR_ROWS)
         if name in ("rows", "rows_added"):  # a launch given as (kernel, config[, programs]) or as a RowsLaunch
