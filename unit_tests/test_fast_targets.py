@@ -38,7 +38,10 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b4 stream down+o", "fast b8 stream down+o", "fast b4 tensor", "fast b8 tensor", "fast b4 tma 2/SM",
         "fast b8 tma 2/SM", "fast b4 tma prefetch 1", "fast b4 tma prefetch 2", "fast b4 tma prefetch 8",
         "fast b8 tma prefetch 1", "fast b8 tma prefetch 2", "fast b8 tma prefetch 8", "fast b4 tma narrow n32",
-        "fast b4 tma narrow n16", "fast b8 tma narrow n32", "fast b8 tma narrow n16", "fast b4 stream tma 1/SM",
+        "fast b4 tma narrow n16", "fast b8 tma narrow n32", "fast b8 tma narrow n16", "fast b4 tma narrow n32 prefetch 8",
+        "fast b4 tma narrow n16 prefetch 8", "fast b8 tma narrow n32 prefetch 8", "fast b8 tma narrow n16 prefetch 8",
+        "fast b4 tma s2 prefetch 0", "fast b4 tma s2 prefetch 8", "fast b8 tma s2 prefetch 0", "fast b8 tma s2 prefetch 8",
+        "fast b4 stream tma 1/SM",
         "fast b4 stream tma 2/SM", "fast b8 stream tma 1/SM", "fast b8 stream tma 2/SM", "fast prompt 1920", "fast prompt 1920 prefill as before",
         "fast sampled",
         "fast sampled bisection", "fast sampled split", "fast sampled torch", "fast small",
@@ -55,6 +58,11 @@ def test_the_targets_follow_the_cases_that_run(script):
     assert launch["fast b8 stream per matrix"] == (("rows", script.stream_per_matrix(8)),)
     assert launch["fast b4 tma 2/SM"] == (("tma_per_sm", 2),)
     assert script.launch_policy(launch["fast b8 tma prefetch 2"]).tma_prefetch == 2
+    two_stages = script.launch_policy(launch["fast b4 tma s2 prefetch 8"])
+    assert (two_stages.tma_gemv.num_stages, two_stages.tma_gemv.block_n, two_stages.tma_prefetch) == (2, 64, 8)
+    narrow = script.launch_policy(launch["fast b4 tma narrow n16 prefetch 8"])
+    assert narrow.tma_prefetch == 8 and narrow.rows[2048, 2048, False, 4].config.block_n == 16
+    assert narrow.rows[32000, 2048, False, 4] == script.launch_policy(()).rows[32000, 2048, False, 4]  # added, not replaced
     goals = script.targets([1, 4, 8], 1920, None)
     assert {goal.case for goal in goals} == {"fast b1", "fast b4", "fast b8", "fast prompt 1920", "fast sampled"}
     assert not script.SAMPLED.greedy and script.SAMPLED.temperature == 0.7 and script.SAMPLED.top_p == 0.9
@@ -112,7 +120,9 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast b4", "fast b4 rows={}", "fast prompt 24", "fast b4 stream per matrix",
                                      "fast b4 stream down+o", "fast b4 tensor", "fast b4 tma 2/SM", "fast b2 tma",
                                      "fast b4 tma prefetch 1", "fast b4 tma prefetch 2", "fast b4 tma prefetch 8",
-                                     "fast b4 tma narrow n32", "fast b4 tma narrow n16", "fast b4 stream tma 1/SM",
+                                     "fast b4 tma narrow n32", "fast b4 tma narrow n16", "fast b4 tma narrow n32 prefetch 8",
+                                     "fast b4 tma narrow n16 prefetch 8", "fast b4 tma s2 prefetch 0",
+                                     "fast b4 tma s2 prefetch 8", "fast b4 stream tma 1/SM",
                                      "fast b4 stream tma 2/SM",
                                      "fast sampled", "fast sampled bisection", "fast sampled split",
                                      "fast sampled torch"}
