@@ -42,7 +42,8 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b4 tma narrow n16 prefetch 8", "fast b8 tma narrow n32 prefetch 8", "fast b8 tma narrow n16 prefetch 8",
         "fast b4 tma s2 prefetch 0", "fast b4 tma s2 prefetch 8", "fast b8 tma s2 prefetch 0", "fast b8 tma s2 prefetch 8",
         "fast b4 stream tma 1/SM",
-        "fast b4 stream tma 2/SM", "fast b8 stream tma 1/SM", "fast b8 stream tma 2/SM", "fast prompt 1920", "fast prompt 1920 prefill as before",
+        "fast b4 stream tma 2/SM", "fast b8 stream tma 1/SM", "fast b8 stream tma 2/SM", "fast b4 ranges256", "fast b8 ranges256",
+        "fast prompt 1920", "fast prompt 1920 prefill as before",
         "fast sampled",
         "fast sampled bisection", "fast sampled split", "fast sampled torch", "fast small",
         "fast small no early_loads", "fast small default shapes", "fast small persistent"]
@@ -57,6 +58,7 @@ def test_the_targets_follow_the_cases_that_run(script):
     assert launch["fast small persistent"] == (("persistent", True),)
     assert launch["fast b8 stream per matrix"] == (("rows", script.stream_per_matrix(8)),)
     assert launch["fast b4 tma 2/SM"] == (("tma_per_sm", 2),)
+    assert script.launch_policy(launch["fast b8 ranges256"]).head_range == 256
     assert script.launch_policy(launch["fast b8 tma prefetch 2"]).tma_prefetch == 2
     two_stages = script.launch_policy(launch["fast b4 tma s2 prefetch 8"])
     assert (two_stages.tma_gemv.num_stages, two_stages.tma_gemv.block_n, two_stages.tma_prefetch) == (2, 64, 8)
@@ -123,7 +125,7 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast b4 tma narrow n32", "fast b4 tma narrow n16", "fast b4 tma narrow n32 prefetch 8",
                                      "fast b4 tma narrow n16 prefetch 8", "fast b4 tma s2 prefetch 0",
                                      "fast b4 tma s2 prefetch 8", "fast b4 stream tma 1/SM",
-                                     "fast b4 stream tma 2/SM",
+                                     "fast b4 stream tma 2/SM", "fast b4 ranges256",
                                      "fast sampled", "fast sampled bisection", "fast sampled split",
                                      "fast sampled torch"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]

@@ -16,7 +16,8 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   in the TMA kernel at two programs per SM, with each program's first 1, 2 or 8 weight tiles
   asked of L2 before the wait, with the narrow matrices in tiles of 32 or 16 weight rows (and
   their tiles asked of L2 before the wait), and in two stages with and without that;
-  at 2 and 3 rows in the TMA kernel instead of one program per row), at prompt `--long-prompt`, with
+  at 2 and 3 rows in the TMA kernel instead of one program per row; from 4 rows with the decode
+  attention over ranges of 256 positions instead of 128), at prompt `--long-prompt`, with
   temperature 0.7 and top-p 0.9 sampling (the step ending in the sampling kernel of one program
   a row, the default; the same with top-p found by bisection alone,
   `LaunchPolicy(sample_candidates=0)`; in the split sampling kernel,
@@ -158,6 +159,10 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found += [Case(f"fast b{b} stream tma {p}/SM", "fast", model, batch_size=b,
                    launch=(("batched", "stream"), ("stream_tma", True), ("stream_per_sm", p)))
               for b in batch_sizes if b >= 4 for p in (1, 2)]
+    # the decode attention over ranges of 256 positions instead of 128: with a batch there are
+    # programs enough without the second range, and a cache of 256 then needs no combine kernel
+    found += [Case(f"fast b{b} ranges256", "fast", model, batch_size=b, launch=(("head_range", 256),))
+              for b in batch_sizes if b >= 4]
     # 2 and 3 rows in the TMA kernel too, instead of one program per row
     found += [Case(f"fast b{b} tma", "fast", model, batch_size=b, launch=(("rows_min_batch", 2),))
               for b in batch_sizes if 2 <= b < 4]
