@@ -139,12 +139,13 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found += [Case(f"fast b{b} tma prefetch {p}", "fast", model, batch_size=b, launch=(("tma_prefetch", p),))
               for b in batch_sizes if b >= 4 for p in (1, 2, 8)]
     # the narrow matrices ([q; k; v], o, down) in TMA tiles of 32 or 16 weight rows: more tiles, so
-    # K is not split (no partial sums to add after the loop)
+    # K is split less (in tiles of 16 not at all: no partial sums to add after the loop; in tiles
+    # of 32, o and down in two)
     found += [Case(f"fast b{b} tma narrow n{n}", "fast", model, batch_size=b, launch=(("rows_added", tuple(
         ((rows, k, False, min(16, 1 << (b - 1).bit_length())), ("tma", (n, 256, 4, 4)))
         for rows, k in NARROW_TMA)),)) for b in batch_sizes if b >= 4 for n in (32, 16)]
-    # the same with each program's tiles (up to 8) asked of L2 before the wait: K whole, so that is
-    # all of a program's weights
+    # the same with each program's tiles (up to 8) asked of L2 before the wait: with K whole, all of
+    # a program's weights but down's
     found += [Case(f"fast b{b} tma narrow n{n} prefetch 8", "fast", model, batch_size=b, launch=(
         ("tma_prefetch", 8), ("rows_added", tuple(((rows, k, False, min(16, 1 << (b - 1).bit_length())),
                                                   ("tma", (n, 256, 4, 4))) for rows, k in NARROW_TMA))))
