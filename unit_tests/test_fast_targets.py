@@ -155,3 +155,24 @@ def test_bad_batch_sizes_are_refused_in_one_line(tmp_path):
                           capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=120)
     assert done.returncode == 2 and "--batch-sizes" in done.stderr and "Traceback" not in done.stderr
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+def test_a_run_stopped_part_way_keeps_the_cases_it_timed(script, tmp_path, monkeypatch):
+    """targets.json is rewritten after each case: a run cut off after its first case (a device
+    call's time limit, say) still holds that case's raw runs."""
+    timed = []
+
+    def measure(case, *args):
+        if timed:
+            raise KeyboardInterrupt  # stopped during the second case
+        timed.append(case.name)
+        return {"summary": {"tpot_ms": {"p50": 1.0}, "ttft_ms": {"p50": 2.0}}, "runs": [{"tpot_ms": 1.0}]}
+
+    monkeypatch.setattr(script, "measure", measure)
+    monkeypatch.setattr(sys, "argv", ["fast_targets", "--out", str(tmp_path), "--device", "cpu", "--model", "tiny-random",
+                                      "--small-model", "", "--batch-sizes", "1", "--cases", "^(eager|hf) b1$"])
+    with pytest.raises(KeyboardInterrupt):
+        script.main()
+    saved = json.loads(next(tmp_path.glob("*-targets/targets.json")).read_text())
+    assert timed == ["hf b1"] and list(saved["results"]) == ["hf b1"]
+    assert saved["results"]["hf b1"]["runs"] == [{"tpot_ms": 1.0}] and not saved["failed"]

@@ -34,7 +34,8 @@ or 2 programs per SM, with its first unit loaded early, and at batch 1).
 
 Then, per model, the correctness of the default fast engine (`teacher_forced_check`): its greedy
 tokens against the eager loop's, and both one's logit error against an fp32 reference on the
-same tokens, which must be of the same size. Each target (`targets`) is judged on the p50 of its case: an absolute bound in ms, or a multiple
+same tokens, which must be of the same size. targets.json is rewritten after each case, so a run
+stopped part-way keeps the cases it timed. Each target (`targets`) is judged on the p50 of its case: an absolute bound in ms, or a multiple
 of another case's p50. The table says met or missed with both numbers; the JSON keeps every
 case's raw runs. Exit 0 when every case ran (targets met or not), 1 when one failed.
 """
@@ -362,7 +363,20 @@ def main() -> int:
     print(f"{env['device_name']} | torch {env['torch']} | transformers {env['transformers']} | "
           f"copy bandwidth {(bandwidth[0] or 0) / 1e9:.0f} GB/s", flush=True)
     small = args.small_model or None
-    results, failed, models, engines = {}, {}, {}, {}
+    results, failed, models, engines, correctness = {}, {}, {}, {}, {}
+
+    def save() -> list[dict]:
+        """targets.json as it stands, rewritten atomically in this run's own new folder: a run stopped
+        part-way keeps its cases."""
+        p50 = {name: {metric: result["summary"][metric]["p50"] for metric in ("tpot_ms", "ttft_ms")}
+               for name, result in results.items()}
+        verdicts = judge(targets(batch_sizes, args.long_prompt, small), p50)
+        write_json_atomic(out / "targets.json", {"environment": env, "bandwidth": bandwidth,
+                                                 "args": vars(args) | {"out": str(args.out)}, "verdicts": verdicts,
+                                                 "failed": failed, "correctness": correctness, "results": results},
+                          overwrite=True)
+        return verdicts
+
     for case in [c for c in cases(args.model, small, batch_sizes, args.long_prompt) if chosen.search(c.name)]:
         try:
             if case.model not in models:
@@ -375,7 +389,7 @@ def main() -> int:
         except Exception as error:  # one case failing (a model that does not load, memory) must not hide the rest
             failed[case.name] = error_line(error)
             print(f"{case.name}: FAILED {failed[case.name]}", flush=True)
-    correctness = {}
+        save()
     for (model, launch, options), engine in engines.items():
         # the default engine of each model, and one kernel for all layers
         if not options and (not launch or dict(launch).get("persistent")):
@@ -385,12 +399,7 @@ def main() -> int:
             except Exception as error:  # reported; the timings above are still written
                 failed[f"correctness {name}"] = error_line(error)
                 print(f"correctness {name}: FAILED {failed[f'correctness {name}']}", flush=True)
-    p50 = {name: {metric: result["summary"][metric]["p50"] for metric in ("tpot_ms", "ttft_ms")}
-           for name, result in results.items()}
-    verdicts = judge(targets(batch_sizes, args.long_prompt, small), p50)
-    write_json_atomic(out / "targets.json", {"environment": env, "bandwidth": bandwidth, "args": vars(args) | {"out": str(args.out)},
-                                             "verdicts": verdicts, "failed": failed, "correctness": correctness,
-                                             "results": results})
+    verdicts = save()
     print()
     if device.type != "cuda" or args.model != "tinyllama-1.1b-random":
         print(f"(the bounds are the targets for tinyllama-1.1b-random on an H200; {args.model} on {device.type} only "
