@@ -176,3 +176,29 @@ def test_a_run_stopped_part_way_keeps_the_cases_it_timed(script, tmp_path, monke
     saved = json.loads(next(tmp_path.glob("*-targets/targets.json")).read_text())
     assert timed == ["hf b1"] and list(saved["results"]) == ["hf b1"]
     assert saved["results"]["hf b1"]["runs"] == [{"tpot_ms": 1.0}] and not saved["failed"]
+
+
+def test_an_uncompiled_prefill_touches_only_fast_cases_and_drops_the_ttft_targets(script):
+    made = {case.name: case for case in script.cases("m", None, [1, 4], 1920)}
+    plain = script.uncompiled_prefill(made["fast b4"])
+    assert plain.options == (("compile", False),) and plain.launch == made["fast b4"].launch
+    before = script.uncompiled_prefill(made["fast b1 prefill as before"])
+    assert before.options == (*made["fast b1 prefill as before"].options, ("compile", False))
+    assert script.uncompiled_prefill(plain) == plain  # once is enough
+    assert script.uncompiled_prefill(made["hf b1"]) == made["hf b1"]  # not a fast engine: as it was
+    metrics = {(goal.case, goal.metric) for goal in script.targets([1, 4], 1920, None, ttft=False)}
+    assert metrics == {("fast b1", "tpot_ms"), ("fast b4", "tpot_ms"), ("fast prompt 1920", "tpot_ms"),
+                       ("fast sampled", "tpot_ms")}
+    assert ("fast b1", "ttft_ms") in {(goal.case, goal.metric) for goal in script.targets([1, 4], 1920, None)}
+
+
+def test_a_run_with_an_uncompiled_prefill_still_checks_the_default_engines_tokens(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--model", "tiny-random",
+                           "--small-model", "", "--batch-sizes", "1", "--output-length", "3", "--warmup", "0",
+                           "--runs", "1", "--cases", "^fast b1$", "--uncompiled-prefill"],
+                          capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    saved = json.loads(next(tmp_path.glob("*-targets/targets.json")).read_text())
+    assert saved["args"]["uncompiled_prefill"] and list(saved["results"]) == ["fast b1"]
+    assert [row["target"] for row in saved["verdicts"] if row["case"] == "fast b1"] == ["TPOT <= 0.6 ms"]
+    assert saved["correctness"]["tiny-random"]["greedy_token_agreement_fast_vs_eager"] == 1.0
