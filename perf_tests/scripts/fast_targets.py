@@ -108,6 +108,13 @@ NARROW_OUTPUTS = ((2048, 5632, False), (2048, 2048, False))
 NARROW_TMA = ((2560, 2048), (2048, 2048), (2048, 5632))
 
 
+def narrow_tma(batch: int, block_n: int) -> tuple:
+    """The `rows_added` launch pair that runs `NARROW_TMA`'s matrices at `batch` rows in TMA tiles of
+    `block_n` weight rows x 256 columns, 4 stages."""
+    rows = min(16, 1 << (batch - 1).bit_length())
+    return ("rows_added", tuple(((n, k, False, rows), ("tma", (block_n, 256, 4, 4))) for n, k in NARROW_TMA))
+
+
 def stream_per_matrix(rows: int, matrices=tuple(STREAM_FASTEST)) -> tuple:
     """`LaunchPolicy.rows` pairs that run each of `matrices` at `rows` rows in its `STREAM_FASTEST` launch."""
     return tuple(((n, k, gated, rows), ("stream", *STREAM_FASTEST[n, k, gated])) for n, k, gated in matrices)
@@ -145,15 +152,12 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # the narrow matrices ([q; k; v], o, down) in TMA tiles of 32 or 16 weight rows: more tiles, so
     # K is split less (in tiles of 16 not at all: no partial sums to add after the loop; in tiles
     # of 32, o and down in two)
-    found += [Case(f"fast b{b} tma narrow n{n}", "fast", model, batch_size=b, launch=(("rows_added", tuple(
-        ((rows, k, False, min(16, 1 << (b - 1).bit_length())), ("tma", (n, 256, 4, 4)))
-        for rows, k in NARROW_TMA)),)) for b in batch_sizes if b >= 4 for n in (32, 16)]
+    found += [Case(f"fast b{b} tma narrow n{n}", "fast", model, batch_size=b, launch=(narrow_tma(b, n),))
+              for b in batch_sizes if b >= 4 for n in (32, 16)]
     # the same with each program's tiles (up to 8) asked of L2 before the wait: with K whole, all of
     # a program's weights but down's
-    found += [Case(f"fast b{b} tma narrow n{n} prefetch 8", "fast", model, batch_size=b, launch=(
-        ("tma_prefetch", 8), ("rows_added", tuple(((rows, k, False, min(16, 1 << (b - 1).bit_length())),
-                                                  ("tma", (n, 256, 4, 4))) for rows, k in NARROW_TMA))))
-              for b in batch_sizes if b >= 4 for n in (32, 16)]
+    found += [Case(f"fast b{b} tma narrow n{n} prefetch 8", "fast", model, batch_size=b,
+                   launch=(("tma_prefetch", 8), narrow_tma(b, n))) for b in batch_sizes if b >= 4 for n in (32, 16)]
     # two stages instead of three (64 KB of weight tiles a program, 128 KB for [gate; up]): a program
     # fits beside the previous kernel's on an SM, so its prefetch runs while that kernel drains
     found += [Case(f"fast b{b} tma s2 prefetch {p}", "fast", model, batch_size=b,
@@ -410,8 +414,7 @@ def main() -> int:
         save()
     for (model, launch, options), engine in engines.items():
         # the default engine of each model, and one kernel for all layers
-        if not [option for option in options if option != ("compile", False)] and (
-                not launch or dict(launch).get("persistent")):
+        if all(option == ("compile", False) for option in options) and (not launch or dict(launch).get("persistent")):
             name = " ".join([model, *(f"{key}={value}" for key, value in launch)])
             try:
                 correctness[name] = check(models[model], engine, args.output_length, name)
