@@ -108,11 +108,12 @@ NARROW_OUTPUTS = ((2048, 5632, False), (2048, 2048, False))
 NARROW_TMA = ((2560, 2048), (2048, 2048), (2048, 5632))
 
 
-def narrow_tma(batch: int, block_n: int) -> tuple:
-    """The `rows_added` launch pair that runs `NARROW_TMA`'s matrices at `batch` rows in TMA tiles of
-    `block_n` weight rows x 256 columns, 4 stages."""
+def narrow_tma(batch: int, block_n: int, gated: bool = False) -> tuple:
+    """The `rows_added` launch pair that runs `NARROW_TMA`'s matrices (and with `gated` [gate; up]
+    too) at `batch` rows in TMA tiles of `block_n` weight rows x 256 columns, 4 stages."""
     rows = min(16, 1 << (batch - 1).bit_length())
-    return ("rows_added", tuple(((n, k, False, rows), ("tma", (block_n, 256, 4, 4))) for n, k in NARROW_TMA))
+    matrices = [(n, k, False) for n, k in NARROW_TMA] + [(5632, 2048, True)] * gated
+    return ("rows_added", tuple(((n, k, g, rows), ("tma", (block_n, 256, 4, 4))) for n, k, g in matrices))
 
 
 def stream_per_matrix(rows: int, matrices=tuple(STREAM_FASTEST)) -> tuple:
@@ -158,6 +159,10 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # a program's weights but down's
     found += [Case(f"fast b{b} tma narrow n{n} prefetch 8", "fast", model, batch_size=b,
                    launch=(("tma_prefetch", 8), narrow_tma(b, n))) for b in batch_sizes if b >= 4 for n in (32, 16)]
+    # and [gate; up] in tiles of 16 too: 352 tiles where the default's 64 rows give 88 (88 of the
+    # SMs busy), 82 KB of shared memory a program, so two share an SM
+    found += [Case(f"fast b{b} tma all n16 prefetch 8", "fast", model, batch_size=b,
+                   launch=(("tma_prefetch", 8), narrow_tma(b, 16, gated=True))) for b in batch_sizes if b >= 4]
     # two stages instead of three (64 KB of weight tiles a program, 128 KB for [gate; up]): a program
     # fits beside the previous kernel's on an SM, so its prefetch runs while that kernel drains
     found += [Case(f"fast b{b} tma s2 prefetch {p}", "fast", model, batch_size=b,
