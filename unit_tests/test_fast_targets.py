@@ -40,7 +40,8 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b8 tma prefetch 1", "fast b8 tma prefetch 2", "fast b8 tma prefetch 8", "fast b4 tma narrow n32",
         "fast b4 tma narrow n16", "fast b8 tma narrow n32", "fast b8 tma narrow n16", "fast b4 tma narrow n32 prefetch 8",
         "fast b4 tma narrow n16 prefetch 8", "fast b8 tma narrow n32 prefetch 8", "fast b8 tma narrow n16 prefetch 8",
-        "fast b4 tma all n16 prefetch 8", "fast b8 tma all n16 prefetch 8",
+        "fast b4 tma all n16 prefetch 8", "fast b8 tma all n16 prefetch 8", "fast b4 tma all n16 early prefetch 8",
+        "fast b8 tma all n16 early prefetch 8", "fast b4 tma s2 early prefetch 8", "fast b8 tma s2 early prefetch 8",
         "fast b4 tma s2 prefetch 0", "fast b4 tma s2 prefetch 8", "fast b8 tma s2 prefetch 0", "fast b8 tma s2 prefetch 8",
         "fast b4 stream tma 1/SM",
         "fast b4 stream tma 2/SM", "fast b8 stream tma 1/SM", "fast b8 stream tma 2/SM", "fast b4 ranges256", "fast b8 ranges256",
@@ -110,6 +111,9 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert every.rows_launch(5632, 2048, True, 4) == every.rows_launch(2560, 2048, False, 4) == kernels.RowsLaunch(
         "tma", kernels.LaunchConfig(16, 256, 4, 4))
     assert every.tma_prefetch == 8 and every.rows_launch(32000, 2048, False, 4) == kernels.MEASURED_ROWS[32000, 2048, False, 4]
+    assert not every.tma_early and script.launch_policy(made["fast b4 tma all n16 early prefetch 8"].launch).tma_early
+    two_early = script.launch_policy(made["fast b4 tma s2 early prefetch 8"].launch)
+    assert two_early.tma_early and two_early.tma_gemv == kernels.LaunchConfig(64, 256, 4, 2)
     assert kernels.DEFAULT_POLICY.sample_candidates == kernels.SAMPLE_CANDIDATES > 0
     assert kernels.DEFAULT_POLICY.sampling == "kernel" and kernels.DEFAULT_POLICY.early_loads
 
@@ -129,6 +133,7 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast b4 tma prefetch 1", "fast b4 tma prefetch 2", "fast b4 tma prefetch 8",
                                      "fast b4 tma narrow n32", "fast b4 tma narrow n16", "fast b4 tma narrow n32 prefetch 8",
                                      "fast b4 tma narrow n16 prefetch 8", "fast b4 tma all n16 prefetch 8",
+                                     "fast b4 tma all n16 early prefetch 8", "fast b4 tma s2 early prefetch 8",
                                      "fast b4 tma s2 prefetch 0",
                                      "fast b4 tma s2 prefetch 8", "fast b4 stream tma 1/SM",
                                      "fast b4 stream tma 2/SM", "fast b4 ranges256",

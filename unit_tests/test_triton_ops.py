@@ -327,9 +327,11 @@ def test_the_stream_policy_runs_the_stream_k_kernel_from_its_switch(kernels, rec
 @pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
 # K whole (one program a tile); 2 ranges; as many as the policy's programs per SM give; more than K has tiles
 @pytest.mark.parametrize("target", [1, 6, 0, 1000])
-@pytest.mark.parametrize("prefetch", [0, 2])  # the first 2 tiles of each program asked of L2 before the wait
+# the first 2 tiles of each program asked of L2 before the wait; and with its first tile copied
+# into shared memory before the wait too
+@pytest.mark.parametrize("prefetch, early", [(0, False), (2, False), (2, True)], ids=["0", "2", "2-early"])
 def test_the_tma_kernel_computes_the_specified_function_launch_after_launch(kernels, dtype, shape, variant, target,
-                                                                            prefetch):
+                                                                            prefetch, early):
     """`_gemv_tma_kernel` at 5 rows (a tile of 16 holding 5) and 17 (two row tiles, the second with
     one row), its weight tiles read through a TMA descriptor (zeros past the matrix's edge): the
     specification's function on every launch (the first leaves every arrival count at 0 for the
@@ -338,7 +340,7 @@ def test_the_tma_kernel_computes_the_specified_function_launch_after_launch(kern
         pytest.skip("logits from float32 inputs are 'norm' exactly (dtype_variants)")
     config = kernels.LaunchConfig(block_n=16, block_k=32, num_warps=4, num_stages=2)
     launch = kernels.RowsLaunch("tma", config, target_programs=target)
-    assert_launch_after_launch(kernels, launch, {"tma_prefetch": prefetch}, shape, variant, dtype)
+    assert_launch_after_launch(kernels, launch, {"tma_prefetch": prefetch, "tma_early": early}, shape, variant, dtype)
     from inferlab.fast.kernels.tma import tma_split_k
 
     N, K = SHAPES[shape]
@@ -346,6 +348,31 @@ def test_the_tma_kernel_computes_the_specified_function_launch_after_launch(kern
     split = any(tma_split_k(-(-N // 16) * -(-M // 16), -(-K // 32), programs) > 1 for M in (5, 17))
     counts = [buffers[1] for key, buffers in kernels.KEPT.items() if key[0] == "tma-split-k"]
     assert (counts or not split) and all(int(c.abs().sum()) == 0 for c in counts)
+
+
+@pytest.mark.parametrize("variant", ["gated", "residual"])
+@pytest.mark.parametrize("target", [1, 6])
+def test_the_tma_kernels_early_first_tile_sums_in_the_same_order(kernels, variant, target, monkeypatch):
+    """`tma_early` moves the first tile's copy before the wait, not its place in the sum: the same
+    bits as without, K whole and split."""
+    from inferlab.fast.kernels import tma
+
+    kernel, early_flags = tma._gemv_tma_kernel, []
+
+    class Noting:  # the kernel, noting the EARLY flag of each launch
+        def __getitem__(self, grid):
+            def launch(*args, **flags):
+                early_flags.append(flags["EARLY"])
+                return kernel[grid](*args, **flags)
+            return launch
+
+    monkeypatch.setattr(tma, "_gemv_tma_kernel", Noting())
+    x, weight, kwargs = gemv_case(5, "masked", variant, torch.float32)
+    config = kernels.LaunchConfig(block_n=16, block_k=32, num_warps=4, num_stages=2)
+    rows = {(*SHAPES["masked"], variant == "gated", 8): kernels.RowsLaunch("tma", config, target_programs=target)}
+    late, early = (kernels.gemv(x, weight, policy=kernels.LaunchPolicy(rows_min_batch=2, rows=rows, tma_early=e), **kwargs)
+                   for e in (False, True))
+    assert torch.equal(late, early) and late.abs().max() > 0 and early_flags == [False, True]
 
 
 @pytest.mark.parametrize("tiles, k_tiles, target, split", [

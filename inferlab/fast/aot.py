@@ -53,16 +53,19 @@ def _pointer(dtype: str) -> str:
     return "*" + dtype
 
 
-def _tma_case(kernels, types: dict, n: int, k: int, gated: bool, config, prefetch: int, label: str):
+def _tma_case(kernels, types: dict, n: int, k: int, gated: bool, config, prefetch: int, label: str,
+              early: bool = False):
     """`_gemv_tma_kernel` on an [n, k] bf16 matrix at 16 rows in `config`, as `gemv_tma` launches
-    it: K split for 132 SMs, the first `prefetch` tiles of each program asked of L2."""
+    it: K split for 132 SMs, the first `prefetch` tiles of each program asked of L2, with `early`
+    the first tile copied before the wait."""
     n_tiles, k_tiles = -(-n // config.block_n), -(-k // config.block_k)
     split_k = kernels.tma.tma_split_k(n_tiles, k_tiles, 132)
     tiles = kernels.tma.tma_prefetch_tiles(prefetch, k_tiles, split_k)
     flags = dict(N=n, K=k, NORM=n != 2048, GATED=gated, RESIDUAL=n == 2048, BLOCK_M=16, BLOCK_N=config.block_n,
                  BLOCK_K=config.block_k, SPLIT_K=split_k, PDL=True, FP32=False, RMS_M=16,
-                 RMS_K=kernels.rms_columns(16, k), PREFETCH=tiles, LINE=64, INTERPRETED=False)
-    return (f"{label} {n}x{k} split-K {split_k}{f' prefetch {tiles}' if tiles else ''}", kernels.tma._gemv_tma_kernel,
+                 RMS_K=kernels.rms_columns(16, k), PREFETCH=tiles, LINE=64, INTERPRETED=False, EARLY=early)
+    return (f"{label} {n}x{k} split-K {split_k}{f' prefetch {tiles}' if tiles else ''}{' early' if early else ''}",
+            kernels.tma._gemv_tma_kernel,
             dict(types, w_desc=f"tensordesc<bf16[{config.block_n}, {config.block_k}]>"), flags,
             dict(num_warps=config.num_warps, num_stages=config.num_stages))
 
@@ -142,12 +145,14 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
     # an SM with the previous kernel's), and the narrow matrices in tiles of 16 or 32 weight rows
     # (so K is split less: not at all, or in two for o and down in tiles of 32) with their tiles
     # (up to 8) asked of L2; [gate; up] in the same narrow tiles fills every SM (352 or 176 tiles
-    # against 88)
+    # against 88); and with the first tile copied into shared memory before the wait
+    # (LaunchPolicy(tma_early=True)), in two stages and in tiles of 16
     for (n, k, gated), config in itertools.product(
             ((2560, 2048, False), (2048, 2048, False), (5632, 2048, True), (2048, 5632, False)),
             (kernels.LaunchConfig(64, 256, 4, 2), kernels.LaunchConfig(16, 256, 4, 4), kernels.LaunchConfig(32, 256, 4, 4))):
-        cases.append(_tma_case(kernels, tma_types, n, k, gated, config, 8,
-                               label=f"tma {config.block_n}x{config.block_k} s{config.num_stages}"))
+        for early in (False, True) if config.block_n != 32 else (False,):  # and the first tile copied before the wait
+            cases.append(_tma_case(kernels, tma_types, n, k, gated, config, 8,
+                                   label=f"tma {config.block_n}x{config.block_k} s{config.num_stages}", early=early))
     for rows in (2, 4, 8):  # the CUDA-core batch kernel (LaunchPolicy(batched="cuda")) at its row counts
         # (n, k, norm, gated, residual, early, wide): as it runs; down with its residual loaded early
         # (LaunchPolicy(early_loads=True)); [q; k; v] with its RMS pass in wide tiles (LaunchPolicy(wide_rms=True))

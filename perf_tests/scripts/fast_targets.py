@@ -163,6 +163,14 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # SMs busy), 82 KB of shared memory a program, so two share an SM
     found += [Case(f"fast b{b} tma all n16 prefetch 8", "fast", model, batch_size=b,
                    launch=(("tma_prefetch", 8), narrow_tma(b, 16, gated=True))) for b in batch_sizes if b >= 4]
+    # the same, and two stages, with each program's first tile copied into shared memory before
+    # the wait (the copy waited on there, the tile kept in registers)
+    found += [Case(f"fast b{b} tma all n16 early prefetch 8", "fast", model, batch_size=b,
+                   launch=(("tma_prefetch", 8), ("tma_early", True), narrow_tma(b, 16, gated=True)))
+              for b in batch_sizes if b >= 4]
+    found += [Case(f"fast b{b} tma s2 early prefetch 8", "fast", model, batch_size=b,
+                   launch=(("tma_gemv", (64, 256, 4, 2)), ("tma_prefetch", 8), ("tma_early", True)))
+              for b in batch_sizes if b >= 4]
     # two stages instead of three (64 KB of weight tiles a program, 128 KB for [gate; up]): a program
     # fits beside the previous kernel's on an SM, so its prefetch runs while that kernel drains
     found += [Case(f"fast b{b} tma s2 prefetch {p}", "fast", model, batch_size=b,

@@ -163,6 +163,9 @@ class LaunchPolicy:
     # batched "tma": each program asks L2 for its first this many weight tiles before waiting on
     # the previous kernel (0: none), as the one-row kernel loads its first tile there
     tma_prefetch: int = 0
+    # batched "tma": each program's first weight tile copied into shared memory before the wait
+    # (32 KB more a program in 64 x 256 tiles, 64 KB for [gate; up])
+    tma_early: bool = False
     cuda_max_rows: int = 8
     # 8: at 16 rows down's kernel in its one-row shape (4 x 2048) spills (`inferlab.fast.aot`)
     rowwise_max_rows: int = 8

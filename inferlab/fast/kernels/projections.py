@@ -367,7 +367,7 @@ def gemv(
         return out
     if launch.kernel == "tma" and tma_fits(x, weight):
         gemv_tma(operands, flags, config or launch.config or policy.tma_gemv, launch.target_programs,
-                 policy.rows_block_m, policy.tma_per_sm, pdl, policy.tma_prefetch)
+                 policy.rows_block_m, policy.tma_per_sm, pdl, policy.tma_prefetch, policy.tma_early)
         return out
     if launch.kernel == "tma":  # no descriptor for this weight here: the tensor-core kernel
         launch = RowsLaunch("tensor", policy.rows_gemv, policy.rows_target_programs, policy.rows_prefetch)

@@ -57,6 +57,7 @@ def _gemv_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr, RMS_M: tl.constexpr, RMS_K: tl.constexpr,
     PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64, INTERPRETED: tl.constexpr = False,
+    EARLY: tl.constexpr = False,
 ):
     """out[m, n] for BLOCK_M rows m and BLOCK_N consecutive n, the weight tiles read through
     `w_desc` (a TMA descriptor of W [N or 2N, K] in tiles [BLOCK_N, BLOCK_K]; tiles past its edge
@@ -73,6 +74,10 @@ def _gemv_tma_kernel(
     previous kernel (weights are never written), one request per LINE elements (128 bytes), as
     the one-row kernel loads its first tile there: the copies after the wait then find them on
     chip or on the way.
+
+    EARLY copies the program's first weight tile (and its up tile) into shared memory before the
+    wait, as the one-row kernel loads its first tile there, and multiplies it once the rows are
+    in; the loop then runs over the others. The tiles are summed in the same order either way.
     """
     tile_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -93,10 +98,20 @@ def _gemv_tma_kernel(
             _prefetch_l2(w_ptr, _l2_lines(n0 + r, k_first, ROWS, K, R, PREFETCH * BLOCK_K, LINE), INTERPRETED)
             if GATED:
                 _prefetch_l2(w_ptr, _l2_lines(n0 + N + r, k_first, ROWS, K, R, PREFETCH * BLOCK_K, LINE), INTERPRETED)
+    if EARLY:
+        w_first = w_desc.load([n0, k_first])
+        if GATED:
+            up_first = w_desc.load([n0 + N, k_first])
     scale = _wait_then_scales(x_ptr, tile_m * BLOCK_M, M, eps, K, BLOCK_M, RMS_M, RMS_K, NORM, PDL)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
-    for i in range(TILES_PER_SPLIT):
+    FIRST: tl.constexpr = 1 if EARLY else 0
+    if EARLY:
+        xv = _input_rows(x_rows, mask_m, norm_ptr, k_first + tl.arange(0, BLOCK_K), scale, K, NORM, dtype).to(dtype)
+        acc = _swap_dot(w_first, xv, acc, FP32)
+        if GATED:
+            acc_up = _swap_dot(up_first, xv, acc_up, FP32)
+    for i in range(FIRST, TILES_PER_SPLIT):
         k0 = k_first + i * BLOCK_K
         xv = _input_rows(x_rows, mask_m, norm_ptr, k0 + tl.arange(0, BLOCK_K), scale, K, NORM, dtype).to(dtype)
         acc = _swap_dot(w_desc.load([n0, k0]), xv, acc, FP32)  # W tile [BLOCK_N, BLOCK_K]
@@ -141,10 +156,11 @@ def _tma_scratch(device: torch.device, tiles: int, split_k: int, block_m: int, b
 
 
 def gemv_tma(operands: tuple, flags: dict, config: LaunchConfig, target_programs: int, block_m: int, per_sm: int,
-             pdl: bool, prefetch: int = 0) -> None:
+             pdl: bool, prefetch: int = 0, early: bool = False) -> None:
     """Launch `_gemv_tma_kernel` on `gemv`'s operands (x, weight, norm, residual, out, M, eps) and
     flags, K split until about `target_programs` programs (0: `per_sm` per SM), the first
-    `prefetch` weight tiles of each program asked of L2 before the wait (at most its range's)."""
+    `prefetch` weight tiles of each program asked of L2 before the wait (at most its range's), and
+    with `early` its first tile copied into shared memory before the wait."""
     x, weight, M = operands[0], operands[1], operands[5]
     N, K = flags["N"], flags["K"]
     n_tiles, m_tiles = triton.cdiv(N, config.block_n), triton.cdiv(M, block_m)
@@ -159,6 +175,6 @@ def gemv_tma(operands: tuple, flags: dict, config: LaunchConfig, target_programs
     _gemv_tma_kernel[(n_tiles, split_k, m_tiles)](
         x, desc, weight, *operands[2:5], part, arrivals, *operands[5:], **flags, BLOCK_M=block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split_k, FP32=weight.dtype == torch.float32,
-        RMS_M=rms_m, RMS_K=rms_columns(rms_m, K), PREFETCH=prefetch, LINE=line, INTERPRETED=interpreted(),
+        RMS_M=rms_m, RMS_K=rms_columns(rms_m, K), PREFETCH=prefetch, LINE=line, INTERPRETED=interpreted(), EARLY=early,
         num_warps=config.num_warps, num_stages=config.num_stages, **_launch_options(pdl),
     )
