@@ -15,7 +15,9 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   own table as before the TMA kernel, `LaunchPolicy(batched="tensor", rows=TENSOR_ROWS)`; and
   in the TMA kernel at two programs per SM, with each program's first 1, 2 or 8 weight tiles
   asked of L2 before the wait, with the narrow matrices in tiles of 32 or 16 weight rows (and
-  their tiles asked of L2 before the wait), and in two stages with and without that;
+  their tiles asked of L2 before the wait; in tiles of 16 also with [gate; up], and with each
+  program's first tile copied before the wait, `LaunchPolicy(tma_early=True)`), and in two
+  stages with and without that (and with `tma_early`);
   at 2 and 3 rows in the TMA kernel instead of one program per row; from 4 rows with the decode
   attention over ranges of 256 positions instead of 128), at prompt `--long-prompt`, with
   temperature 0.7 and top-p 0.9 sampling (the step ending in the sampling kernel of one program
