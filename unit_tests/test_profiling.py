@@ -97,3 +97,57 @@ def test_load_profile_refuses_a_result_without_one(tmp_path):
     path.write_text(json.dumps({"schema": "inferlab.bench/1", "profile": None}))
     with pytest.raises(UsageError, match="holds no profile: run `inferlab bench --profile`"):
         load_profile(path)
+
+
+def kernel_event(name, ts, dur, grid):
+    return {"ph": "X", "cat": "kernel", "name": name, "ts": ts, "dur": dur, "args": {"grid": grid, "block": [128, 1, 1]}}
+
+
+TWO_STEPS = [  # two decode steps of a two-matrix model: one projection kernel at two grids, then the step kernel
+    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 0.0, "dur": 50.0},  # not a kernel
+    kernel_event("_gemv_tma_kernel", 10.0, 6.0, [40, 3, 1]), kernel_event("_gemv_tma_kernel", 17.0, 9.0, [88, 1, 1]),
+    kernel_event("_greedy_step_kernel", 27.0, 2.0, [4, 1, 1]),
+    kernel_event("_greedy_step_kernel", 57.0, 3.0, [4, 1, 1]),  # listed out of order: sorted by start
+    kernel_event("_gemv_tma_kernel", 40.0, 8.0, [40, 3, 1]), kernel_event("_gemv_tma_kernel", 49.0, 7.0, [88, 1, 1]),
+]
+
+
+def test_kernel_launches_keep_each_grid_of_a_kernel_apart_in_launch_order_per_step():
+    rows = profiling.kernel_launches(TWO_STEPS, steps=2)
+    assert rows == (profiling.LaunchTime("_gemv_tma_kernel", (40, 3, 1), 7.0, 1.0),
+                    profiling.LaunchTime("_gemv_tma_kernel", (88, 1, 1), 8.0, 1.0),
+                    profiling.LaunchTime("_greedy_step_kernel", (4, 1, 1), 2.5, 1.0))
+    assert profiling.kernel_launches([{"cat": "cpu_op", "name": "aten::mm"}, "not an event"], steps=1) == ()
+
+
+def run_step_kernels(*args):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, str(root / "perf_tests" / "scripts" / "step_kernels.py"), *map(str, args)],
+                          capture_output=True, text=True, cwd=root, env={"PYTHONPATH": str(root), "PATH": ""},
+                          timeout=120)
+
+
+def test_step_kernels_prints_each_launch_with_its_share_and_refuses_a_trace_without_kernels(tmp_path):
+    trace = tmp_path / "bench.trace.json"
+    trace.write_text(json.dumps({"traceEvents": TWO_STEPS}))
+    done = run_step_kernels(trace, "--steps", 2)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[2].split() == ["1", "7.00", "40.0%", "1.0", "40x3x1", "_gemv_tma_kernel"]
+    assert lines[3].split() == ["2", "8.00", "45.7%", "1.0", "88x1x1", "_gemv_tma_kernel"]
+    assert lines[-1] == "total: 17.5 us of kernel time and 3 launches per step"
+    cpu = tmp_path / "cpu.trace.json"
+    cpu.write_text(json.dumps({"traceEvents": TWO_STEPS[:1]}))
+    for bad, says in ((cpu, "holds no GPU kernel events"), (tmp_path / "missing.json", "cannot read"),
+                      (tmp_path, "cannot read")):
+        refused = run_step_kernels(bad)
+        assert refused.returncode == 2 and says in refused.stderr and len(refused.stderr.splitlines()) == 1
+    broken = tmp_path / "broken.json"
+    broken.write_text("{not json")
+    refused = run_step_kernels(broken)
+    assert refused.returncode == 2 and "is not a Chrome trace" in refused.stderr and "Traceback" not in refused.stderr
+    assert run_step_kernels(trace, "--steps", 0).returncode == 2

@@ -84,6 +84,31 @@ class StepMarkingClock:
         return self.clock.finish()
 
 
+@dataclass(frozen=True)
+class LaunchTime:
+    """One kernel at one grid: device time and launches per recorded step."""
+
+    name: str
+    grid: tuple[int, ...]
+    us_per_step: float
+    calls_per_step: float
+
+
+def kernel_launches(trace_events: Iterable[dict], steps: int) -> tuple[LaunchTime, ...]:
+    """The kernel events (cat "kernel") of a Chrome trace's `traceEvents`, summed per (name, grid)
+    and divided by `steps`, in the order of each one's first launch. One kernel serving several
+    matrices (a projection kernel launched for [q; k; v], o, [gate; up] and down) has a grid for
+    each, so each matrix gets its own row, where `rank_events` adds them under the kernel's name."""
+    totals: dict[tuple[str, tuple[int, ...]], list[float]] = {}
+    kernels = (e for e in trace_events if isinstance(e, dict) and e.get("cat") == "kernel")
+    for event in sorted(kernels, key=lambda e: e.get("ts", 0.0)):
+        key = (str(event.get("name", "")), tuple(event.get("args", {}).get("grid", ())))
+        total = totals.setdefault(key, [0.0, 0])
+        total[0] += float(event.get("dur", 0.0))
+        total[1] += 1
+    return tuple(LaunchTime(name, grid, us / steps, calls / steps) for (name, grid), (us, calls) in totals.items())
+
+
 def _is_device_event(event) -> bool:
     return str(getattr(event, "device_type", "")).upper().endswith("CUDA")
 
