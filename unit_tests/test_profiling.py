@@ -131,23 +131,43 @@ def run_step_kernels(*args):
                           timeout=120)
 
 
-def test_step_kernels_prints_each_launch_with_its_share_and_refuses_a_trace_without_kernels(tmp_path):
-    trace = tmp_path / "bench.trace.json"
-    trace.write_text(json.dumps({"traceEvents": TWO_STEPS}))
-    done = run_step_kernels(trace, "--steps", 2)
+def profiled_result(folder, events, steps=2):
+    """A bench.json naming its trace, and the trace beside it, as `inferlab bench --profile` writes them."""
+    summary = ProfileSummary("cuda", "kernels", steps, f"decode steps 3-{2 + steps}", (), "bench.trace.json")
+    (folder / "bench.trace.json").write_text(json.dumps({"traceEvents": events}))
+    result = folder / "bench.json"
+    result.write_text(json.dumps({"profile": summary.to_dict()}))
+    return result
+
+
+def test_step_kernels_prints_each_launch_with_its_share_over_the_steps_its_result_names(tmp_path):
+    done = run_step_kernels(profiled_result(tmp_path, TWO_STEPS))
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
+    assert lines[0] == "kernel launches per step, over 2 recorded steps, in launch order"
     assert lines[2].split() == ["1", "7.00", "40.0%", "1.0", "40x3x1", "_gemv_tma_kernel"]
     assert lines[3].split() == ["2", "8.00", "45.7%", "1.0", "88x1x1", "_gemv_tma_kernel"]
     assert lines[-1] == "total: 17.5 us of kernel time and 3 launches per step"
-    cpu = tmp_path / "cpu.trace.json"
-    cpu.write_text(json.dumps({"traceEvents": TWO_STEPS[:1]}))
-    for bad, says in ((cpu, "holds no GPU kernel events"), (tmp_path / "missing.json", "cannot read"),
-                      (tmp_path, "cannot read")):
+    sweep = tmp_path / "sweep"  # a sweep keeps its traces in profiles/, beside results/
+    (sweep / "results").mkdir(parents=True)
+    (sweep / "profiles").mkdir()
+    result = profiled_result(sweep / "results", TWO_STEPS)
+    (sweep / "results" / "bench.trace.json").rename(sweep / "profiles" / "bench.trace.json")
+    assert run_step_kernels(result).stdout == done.stdout
+
+
+def test_step_kernels_refuses_what_it_cannot_read_in_one_line(tmp_path):
+    cases = []
+    for name, events in (("cpu", TWO_STEPS[:1]), ("gone", TWO_STEPS), ("broken", TWO_STEPS)):
+        (tmp_path / name).mkdir()
+        cases.append(profiled_result(tmp_path / name, events))
+    (tmp_path / "gone" / "bench.trace.json").unlink()
+    (tmp_path / "broken" / "bench.trace.json").write_text("{not json")
+    unprofiled = tmp_path / "unprofiled.json"
+    unprofiled.write_text(json.dumps({"profile": None}))
+    for bad, says in ((cases[0], "holds no GPU kernel events"), (cases[1], "cannot read the trace"),
+                      (cases[2], "is not a Chrome trace"), (unprofiled, "holds no profile"),
+                      (tmp_path / "missing.json", "cannot read profile")):
         refused = run_step_kernels(bad)
-        assert refused.returncode == 2 and says in refused.stderr and len(refused.stderr.splitlines()) == 1
-    broken = tmp_path / "broken.json"
-    broken.write_text("{not json")
-    refused = run_step_kernels(broken)
-    assert refused.returncode == 2 and "is not a Chrome trace" in refused.stderr and "Traceback" not in refused.stderr
-    assert run_step_kernels(trace, "--steps", 0).returncode == 2
+        assert refused.returncode == 2 and says in refused.stderr, (bad, refused.stderr)
+        assert len(refused.stderr.splitlines()) == 1 and "Traceback" not in refused.stderr
