@@ -114,7 +114,7 @@ def narrow_tma(batch: int, block_n: int, gated: bool = False) -> tuple:
     """The `rows_added` launch pair that runs `NARROW_TMA`'s matrices (and with `gated` [gate; up]
     too) at `batch` rows in TMA tiles of `block_n` weight rows x 256 columns, 4 stages."""
     rows = min(16, 1 << (batch - 1).bit_length())
-    matrices = [(n, k, False) for n, k in NARROW_TMA] + [(5632, 2048, True)] * gated
+    matrices = [(n, k, False) for n, k in NARROW_TMA] + ([(5632, 2048, True)] if gated else [])
     return ("rows_added", tuple(((n, k, g, rows), ("tma", (block_n, 256, 4, 4))) for n, k, g in matrices))
 
 
