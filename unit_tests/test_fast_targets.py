@@ -33,7 +33,10 @@ def test_absolute_and_relative_targets_are_judged_on_the_p50_and_a_missing_case_
 def test_the_targets_follow_the_cases_that_run(script):
     made = script.cases("m", "small", [1, 4, 8], 1920)
     assert [case.name for case in made] == [
-        "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b1 prefill as before", "fast b4", "fast b8",
+        "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b1 prefill as before",
+        "fast b1 l2 ahead 8M", "fast b1 l2 ahead 24M", "fast b1 l2 ahead 8M attention", "fast b4", "fast b8",
+        "fast b4 l2 ahead 8M", "fast b4 l2 ahead 24M", "fast b4 l2 ahead 8M attention", "fast b8 l2 ahead 8M",
+        "fast b8 l2 ahead 24M", "fast b8 l2 ahead 8M attention",
         "fast b4 rows={}", "fast b8 rows={}", "fast b4 stream per matrix", "fast b8 stream per matrix",
         "fast b4 stream down+o", "fast b8 stream down+o", "fast b4 tensor", "fast b8 tensor", "fast b4 tma 2/SM",
         "fast b8 tma 2/SM", "fast b4 tma prefetch 1", "fast b4 tma prefetch 2", "fast b4 tma prefetch 8",
@@ -48,7 +51,7 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast prompt 1920", "fast prompt 1920 prefill as before",
         "fast sampled",
         "fast sampled bisection", "fast sampled split", "fast sampled torch", "fast small",
-        "fast small no early_loads", "fast small default shapes", "fast small persistent"]
+        "fast small no early_loads", "fast small default shapes", "fast small persistent", "fast small l2 ahead 8M"]
     launch = {case.name: case.launch for case in made}
     assert launch["fast sampled torch"] == (("sampling", "torch"),) and not launch["fast b1"]
     assert not launch["fast sampled"] and launch["fast b4 rows={}"] == (("rows", ()),)
@@ -116,6 +119,11 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert two_early.tma_early and two_early.tma_gemv == kernels.LaunchConfig(64, 256, 4, 2)
     assert kernels.DEFAULT_POLICY.sample_candidates == kernels.SAMPLE_CANDIDATES > 0
     assert kernels.DEFAULT_POLICY.sampling == "kernel" and kernels.DEFAULT_POLICY.early_loads
+    ahead = script.launch_policy(made["fast b4 l2 ahead 24M"].launch)
+    assert ahead.l2_ahead == 24 << 20 and ahead.l2_ahead_from == "all" and kernels.DEFAULT_POLICY.l2_ahead == 0
+    attention_only = script.launch_policy(made["fast b1 l2 ahead 8M attention"].launch)
+    assert attention_only.l2_ahead == 8 << 20 and attention_only.l2_ahead_from == "attention"
+    assert script.launch_policy(made["fast small l2 ahead 8M"].launch).l2_ahead == 8 << 20
 
 
 def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
@@ -137,6 +145,8 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast b4 tma s2 prefetch 0",
                                      "fast b4 tma s2 prefetch 8", "fast b4 stream tma 1/SM",
                                      "fast b4 stream tma 2/SM", "fast b4 ranges256",
+                                     *(f"fast b{b} l2 ahead {size}" for b in (1, 2, 4)
+                                       for size in ("8M", "24M", "8M attention")),
                                      "fast sampled", "fast sampled bisection", "fast sampled split",
                                      "fast sampled torch"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]

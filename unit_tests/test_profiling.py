@@ -114,10 +114,20 @@ TWO_STEPS = [  # two decode steps of a two-matrix model: one projection kernel a
 
 def test_kernel_launches_keep_each_grid_of_a_kernel_apart_in_launch_order_per_step():
     rows = profiling.kernel_launches(TWO_STEPS, steps=2)
-    assert rows == (profiling.LaunchTime("_gemv_tma_kernel", (40, 3, 1), 7.0, 1.0),
-                    profiling.LaunchTime("_gemv_tma_kernel", (88, 1, 1), 8.0, 1.0),
-                    profiling.LaunchTime("_greedy_step_kernel", (4, 1, 1), 2.5, 1.0))
+    assert rows == (profiling.LaunchTime("_gemv_tma_kernel", (40, 3, 1), 7.0, 1.0, 7.0),
+                    profiling.LaunchTime("_gemv_tma_kernel", (88, 1, 1), 8.0, 1.0, 8.0),
+                    profiling.LaunchTime("_greedy_step_kernel", (4, 1, 1), 2.5, 1.0, 2.5))
     assert profiling.kernel_launches([{"cat": "cpu_op", "name": "aten::mm"}, "not an event"], steps=1) == ()
+
+
+def test_a_kernel_launched_before_the_previous_ends_adds_only_the_time_past_that_end():
+    overlapped = [kernel_event("a", 0.0, 5.0, [1]), kernel_event("b", 2.0, 6.0, [2]),  # b waits 3 us under PDL
+                  kernel_event("c", 3.0, 2.0, [3]),  # ends before b: adds nothing
+                  kernel_event("d", 20.0, 1.0, [4])]  # after an idle gap: its own duration, the gap not counted
+    rows = profiling.kernel_launches(overlapped, steps=1)
+    assert [(r.name, r.us_per_step, r.chain_us_per_step) for r in rows] == [
+        ("a", 5.0, 5.0), ("b", 6.0, 3.0), ("c", 2.0, 0.0), ("d", 1.0, 1.0)]
+    assert sum(r.chain_us_per_step for r in rows) == 9.0  # busy: 0-8 and 20-21
 
 
 def run_step_kernels(*args):
@@ -145,9 +155,9 @@ def test_step_kernels_prints_each_launch_with_its_share_over_the_steps_its_resul
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "kernel launches per step, over 2 recorded steps, in launch order"
-    assert lines[2].split() == ["1", "7.00", "40.0%", "1.0", "40x3x1", "_gemv_tma_kernel"]
-    assert lines[3].split() == ["2", "8.00", "45.7%", "1.0", "88x1x1", "_gemv_tma_kernel"]
-    assert lines[-1] == "total: 17.5 us of kernel time and 3 launches per step"
+    assert lines[2].split() == ["1", "7.00", "7.00", "40.0%", "1.0", "40x3x1", "_gemv_tma_kernel"]
+    assert lines[3].split() == ["2", "8.00", "8.00", "45.7%", "1.0", "88x1x1", "_gemv_tma_kernel"]
+    assert lines[-1] == "total: 17.5 us of kernel time, 17.5 us of busy device time and 3 launches per step"
     sweep = tmp_path / "sweep"  # a sweep keeps its traces in profiles/, beside results/
     (sweep / "results").mkdir(parents=True)
     (sweep / "profiles").mkdir()

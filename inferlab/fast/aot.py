@@ -70,12 +70,23 @@ def _tma_case(kernels, types: dict, n: int, k: int, gated: bool, config, prefetc
             dict(num_warps=config.num_warps, num_stages=config.num_stages))
 
 
+def _ahead_flags(kernels, shape: tuple[int, int], gated: bool, programs: int, warps: int) -> dict:
+    """The AHEAD_* constexprs of a kernel of `programs` programs asking L2 for the first 8 MB of a
+    bf16 weight of `shape` (`LaunchPolicy(l2_ahead=8 << 20)`)."""
+    import torch
+
+    weight = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+    plan = kernels.ahead.ahead_plan(weight, 8 << 20, programs, 32 * warps, gated)
+    return dict(kernels.ahead.ahead_operands(weight, plan, weight)[1], INTERPRETED=False)
+
+
 def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
     """(case, kernel, argument types, constexprs, launch options): each kernel in the shapes the engine launches."""
     bf16, fp32, i32, i64 = _pointer("bf16"), _pointer("fp32"), _pointer("i32"), _pointer("i64")
-    gemv = dict(x_ptr=bf16, w_ptr=bf16, norm_ptr=bf16, res_ptr=bf16, out_ptr=bf16, M="i32", eps="fp32")
+    u8 = _pointer("u8")
+    gemv = dict(x_ptr=bf16, w_ptr=bf16, norm_ptr=bf16, res_ptr=bf16, out_ptr=bf16, M="i32", eps="fp32", ahead_ptr=u8)
     attention = dict(qkv_ptr=bf16, cos_ptr=bf16, sin_ptr=bf16, pos_ptr=i64, k_ptr=bf16, v_ptr=bf16, out_ptr=bf16,
-                     stride_cm="i32", stride_ch="i32", stride_ct="i32", scale="fp32")
+                     stride_cm="i32", stride_ch="i32", stride_ct="i32", scale="fp32", ahead_ptr=u8)
     split = dict(attention, part_acc_ptr=fp32, part_best_ptr=fp32, part_total_ptr=fp32, arrivals_ptr=i32)
     greedy = dict(logits_ptr=fp32, embed_ptr=bf16, hidden_ptr=bf16, tokens_ptr=i64, out_ptr=i64, pos_ptr=i64,
                   arrivals_ptr=i32, M="i32", out_stride="i32", first_position="i32")
@@ -88,6 +99,16 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
                      BLOCK_K=config.block_k, EVEN_N=n % config.block_n == 0, EVEN_K=k % config.block_k == 0, PDL=True,
                      EARLY=early)
         cases.append((f"gemv {n}x{k} tile {config.block_n}x{config.block_k}{' early loads' if early else ''}",
+                      kernels.projections._gemv_kernel, gemv, flags, dict(num_warps=config.num_warps, num_stages=config.num_stages)))
+    # with the next matrix's first 8 MB asked of L2 at the end (LaunchPolicy(l2_ahead=8 MB)): o asking
+    # for [gate; up] (each half), [gate; up] for down
+    for (n, k, gated), (after, after_gated) in ((((2048, 2048, False)), ((11264, 2048), True)),
+                                                (((5632, 2048, True)), ((2048, 5632), False))):
+        config = kernels.MEASURED_GEMV[n, k, gated]
+        flags = dict(N=n, K=k, NORM=gated, GATED=gated, RESIDUAL=not gated, BLOCK_N=config.block_n,
+                     BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=True, PDL=True, EARLY=True,
+                     **_ahead_flags(kernels, after, after_gated, -(-n // config.block_n), config.num_warps))
+        cases.append((f"gemv {n}x{k} tile {config.block_n}x{config.block_k} L2 ahead",
                       kernels.projections._gemv_kernel, gemv, flags, dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     rows = kernels.DEFAULT_POLICY.rows_gemv
     # (n, k, norm, gated, residual, split-K): [q; k; v], [gate; up] and down as the batched step runs them
@@ -140,6 +161,10 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
                                                       (2048, 5632, False), (32000, 2048, False)), (0, 2)):
         config = kernels.MEASURED_ROWS.get((n, k, gated, 16), kernels.RowsLaunch("tma")).config or kernels.TMA_GEMV
         cases.append(_tma_case(kernels, tma_types, n, k, gated, config, prefetch, label="tma"))
+    # o asking L2 for [gate; up]'s first 8 MB after its loop (LaunchPolicy(l2_ahead=8 MB))
+    case, kernel, types, flags, options = _tma_case(kernels, tma_types, 2048, 2048, False, kernels.TMA_GEMV, 0, label="tma")
+    flags.update(_ahead_flags(kernels, (11264, 2048), True, 32 * flags["SPLIT_K"], options["num_warps"]))
+    cases.append((f"{case} L2 ahead", kernel, types, flags, options))
     # and as `perf_tests/scripts/fast_targets.py` launches it beside the default: two stages with
     # each program's tiles (up to 8) asked of L2 before the wait (a program small enough to share
     # an SM with the previous kernel's), and the narrow matrices in tiles of 16 or 32 weight rows
@@ -195,6 +220,12 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
             cases.append((f"attention {label}{f' {ranges} ranges of {positions}' if positions else ''}"
                           f"{', merged by the last' if last else ''}",
                           kernels.attention._attention_decode_kernel, head, flags, dict(num_warps=4)))
+        # ranges of 128 asking L2 for o's weight before the wait (LaunchPolicy(l2_ahead=8 MB))
+        flags = dict(NH=heads, KVH=kv_heads, HD=64, BLOCK_T=kernels.ATTENTION_BLOCK_T, RANGE=128, RANGES=2,
+                     G_PAD=g_pad, PDL=True, LAST=False,
+                     **_ahead_flags(kernels, (heads * 64, heads * 64), False, heads * 2, 4))
+        cases.append((f"attention {label} 2 ranges of 128, L2 ahead", kernels.attention._attention_decode_kernel, head,
+                      flags, dict(num_warps=4)))
         for block_t in (16, 32):
             for combine in (True, False):
                 flags = dict(NH=heads, KVH=kv_heads, HD=64, G=group, G_PAD=g_pad, SPLITS=kernels.MAX_SPLITS,
@@ -255,6 +286,15 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
     return cases
 
 
+def defaults(kernel) -> dict:
+    """The kernel's constexpr arguments that have a default, with it: `triton.jit` fills them in at a
+    launch, `triton.compile` does not."""
+    import inspect
+
+    return {name: p.default for name, p in inspect.signature(kernel.fn).parameters.items()
+            if p.default is not inspect.Parameter.empty}
+
+
 def aligned(kernel, signature: dict) -> dict:
     """Every pointer argument marked 16-byte aligned, as `triton.jit` specializes a launch with
     torch's tensors (their storage is aligned): without it the compiler cannot use 16-byte
@@ -303,6 +343,8 @@ def compile_all(arch: int) -> list[Compiled]:
     results = []
     for case, kernel, types, constexprs, options in _cases(kernels):
         signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
+        constexprs = {**{name: value for name, value in defaults(kernel).items() if signature[name] == "constexpr"},
+                      **constexprs}
         binary = triton.compile(ASTSource(kernel, signature, constexprs=constexprs, attrs=aligned(kernel, signature)),
                                 target=target, options=options)
         registers, local, stack, _ = _resources(binary.asm["cubin"], cuobjdump)

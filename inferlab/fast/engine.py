@@ -333,14 +333,17 @@ class FastLlama(nn.Module):
             x = ops.decode_layers(x, self.stacks, cache.cos, cache.sin, position, cache.k, cache.v, self.num_heads,
                                   self.num_kv_heads, self.eps)
             return ops.gemv(x, self.lm_head, norm=self.norm, eps=self.eps, out_dtype=torch.float32)
+        # `ahead`: the weight the next weight-reading kernel reads, a hint for L2 (LaunchPolicy.l2_ahead)
         for index, layer in enumerate(self.layers):
+            after = self.layers[index + 1].wqkv if index + 1 < len(self.layers) else self.lm_head
             qkv = ops.gemv(x, layer.wqkv, norm=layer.attn_norm, eps=self.eps)
             attn = ops.attention_decode(qkv, cache.cos, cache.sin, position, cache.k[index], cache.v[index],
-                                        self.num_heads, self.num_kv_heads)
-            x = ops.gemv(attn, layer.wo, residual=x)
-            h = ops.gemv(x, layer.w13, norm=layer.ffn_norm, eps=self.eps, gated=True)
-            x = ops.gemv(h, layer.w2, residual=x)
-        return ops.gemv(x, self.lm_head, norm=self.norm, eps=self.eps, out_dtype=torch.float32)
+                                        self.num_heads, self.num_kv_heads, ahead=layer.wo)
+            x = ops.gemv(attn, layer.wo, residual=x, ahead=layer.w13, ahead_gated=True)
+            h = ops.gemv(x, layer.w13, norm=layer.ffn_norm, eps=self.eps, gated=True, ahead=layer.w2)
+            x = ops.gemv(h, layer.w2, residual=x, ahead=after)
+        return ops.gemv(x, self.lm_head, norm=self.norm, eps=self.eps, out_dtype=torch.float32,
+                        ahead=self.layers[0].wqkv)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache, fresh: bool = False,
                 step=None, head: bool = True) -> torch.Tensor:

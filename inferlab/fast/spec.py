@@ -39,11 +39,14 @@ def gemv(
     residual: torch.Tensor | None = None,
     gated: bool = False,
     out_dtype: torch.dtype | None = None,
+    ahead: torch.Tensor | None = None,
+    ahead_gated: bool = False,
 ) -> torch.Tensor:
     """x [M, K] @ weight[N', K]^T -> [M, N] in `out_dtype` (default x's dtype).
 
     norm: RMSNorm x with this weight first. gated: weight is [gate; up] ([2N, K]) and the result
-    is silu(gate) * up. residual [M, N]: added to the result.
+    is silu(gate) * up. residual [M, N]: added to the result. ahead, ahead_gated: the weight a
+    later kernel reads, which the GPU kernels may ask L2 for; no effect on the result.
     """
     dtype = weight.dtype
     if norm is not None:
@@ -77,11 +80,13 @@ def attention_decode(
     v_cache: torch.Tensor,
     num_heads: int,
     num_kv_heads: int,
+    ahead: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One token's attention: qkv [M, (nh + 2 kvh) hd] at `position` [1] -> [M, nh hd].
 
     Applies RoPE to q and k, writes k and v into the caches [M, kvh, T, hd] at `position`, and
     attends over positions [0, position] (GQA: query head h reads KV head h // (nh / kvh)).
+    ahead: the o projection's weight, which the GPU kernel may ask L2 for; no effect on the result.
     """
     M = qkv.shape[0]
     hd = k_cache.shape[-1]

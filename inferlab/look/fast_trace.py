@@ -97,8 +97,9 @@ class RecordingOps:
                                      dtype_name(out.dtype), _gemv_fusions(kwargs)))
         return out
 
-    def attention_decode(self, qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads):
-        out = self.inner.attention_decode(qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
+    def attention_decode(self, qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads, ahead=None):
+        out = self.inner.attention_decode(qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads,
+                                          ahead=ahead)
         batch, kv_heads, _, head_dim = k_cache.shape
         read = (batch, kv_heads, int(position[0]) + 1, head_dim)
         group = num_heads // num_kv_heads

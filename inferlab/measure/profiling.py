@@ -86,12 +86,18 @@ class StepMarkingClock:
 
 @dataclass(frozen=True)
 class LaunchTime:
-    """One kernel at one grid: device time and launches per recorded step."""
+    """One kernel at one grid: device time, time added to the step, and launches per recorded step.
+
+    `chain_us_per_step` is what the kernel adds to the step's busy time: its end minus the later of
+    its start and the previous kernel's end. Under programmatic dependent launch a kernel starts
+    while the one before still runs (its programs wait for it), so its duration counts that wait
+    again; the chain times do not overlap, and they sum to the time the device was busy."""
 
     name: str
     grid: tuple[int, ...]
     us_per_step: float
     calls_per_step: float
+    chain_us_per_step: float = 0.0
 
 
 def kernel_launches(trace_events: Iterable[dict], steps: int) -> tuple[LaunchTime, ...]:
@@ -101,12 +107,18 @@ def kernel_launches(trace_events: Iterable[dict], steps: int) -> tuple[LaunchTim
     each, so each matrix gets its own row, where `rank_events` adds them under the kernel's name."""
     totals: dict[tuple[str, tuple[int, ...]], list[float]] = {}
     kernels = (e for e in trace_events if isinstance(e, dict) and e.get("cat") == "kernel")
+    previous_end = float("-inf")
     for event in sorted(kernels, key=lambda e: e.get("ts", 0.0)):
         key = (str(event.get("name", "")), tuple(event.get("args", {}).get("grid", ())))
-        total = totals.setdefault(key, [0.0, 0])
-        total[0] += float(event.get("dur", 0.0))
+        start, duration = float(event.get("ts", 0.0)), float(event.get("dur", 0.0))
+        end = start + duration
+        total = totals.setdefault(key, [0.0, 0, 0.0])
+        total[0] += duration
         total[1] += 1
-    return tuple(LaunchTime(name, grid, us / steps, calls / steps) for (name, grid), (us, calls) in totals.items())
+        total[2] += max(0.0, end - max(start, previous_end))
+        previous_end = max(previous_end, end)
+    return tuple(LaunchTime(name, grid, us / steps, calls / steps, chain / steps)
+                 for (name, grid), (us, calls, chain) in totals.items())
 
 
 def _is_device_event(event) -> bool:

@@ -19,14 +19,17 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   program's first tile copied before the wait, `LaunchPolicy(tma_early=True)`), and in two
   stages with and without that (and with `tma_early`);
   at 2 and 3 rows in the TMA kernel instead of one program per row; from 4 rows with the decode
-  attention over ranges of 256 positions instead of 128), at prompt `--long-prompt`, with
+  attention over ranges of 256 positions instead of 128; at every batch size, batch 1 included,
+  with each kernel asking L2 for the first 8 or 24 MB of the next kernel's weight while it runs,
+  and with only the attention asking, for o's, `LaunchPolicy(l2_ahead=...)`), at prompt `--long-prompt`, with
   temperature 0.7 and top-p 0.9 sampling (the step ending in the sampling kernel of one program
   a row, the default; the same with top-p found by bisection alone,
   `LaunchPolicy(sample_candidates=0)`; in the split sampling kernel,
   `LaunchPolicy(sampling="split")`; and in compiled torch ops, `LaunchPolicy(sampling="torch")`),
   and on `--small-model` (the embedded SmolLM2, real weights)
   when it loads, there also without early loads, in the default launch shape instead of its own
-  measured ones, and with `persistent` (every layer in one kernel).
+  measured ones, with `persistent` (every layer in one kernel), and with the next weight's first
+  8 MB asked of L2 (`l2 ahead 8M`).
 
 Designs measured and left off by default are recorded with the run that measured them in
 docs/perf/h200/targets-2.md, docs/perf/h100/targets-3.md and docs/perf/h100/stream-k.md (the
@@ -131,7 +134,12 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # the prefill's cache write scattered by position and its end in torch operations, as before
     before = (("prefill_cache_write", "index"), ("prefill_head", "torch"))
     found.append(Case("fast b1 prefill as before", "fast", model, options=before))
+    # each kernel asking L2 for the first 8 or 24 MB of the next kernel's weight while it runs (the
+    # attention for o's, a projection for the next matrix's once its own are in, the LM head for
+    # the first layer's [q; k; v]); and only the attention asking, for o's (`LaunchPolicy(l2_ahead=...)`)
+    found += l2_ahead_cases(model, 1)
     found += [Case(f"fast b{b}", "fast", model, batch_size=b) for b in batch_sizes if b != 1]
+    found += [case for b in batch_sizes if b != 1 for case in l2_ahead_cases(model, b)]
     # every matrix in the policy-wide batched kernel, without the launches measured per matrix
     # (LaunchPolicy(rows={})): the engine before `MEASURED_ROWS`
     found += [Case(f"fast b{b} rows={{}}", "fast", model, batch_size=b, launch=(("rows", ()),))
@@ -206,7 +214,17 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
                   Case(f"fast {small_model} no early_loads", "fast", small_model, launch=(("early_loads", False),)),
                   Case(f"fast {small_model} default shapes", "fast", small_model, launch=(("gemv", gemv),)),
                   # every layer in one persistent kernel, grid barriers between its phases
-                  Case(f"fast {small_model} persistent", "fast", small_model, launch=(("persistent", True),))]
+                  Case(f"fast {small_model} persistent", "fast", small_model, launch=(("persistent", True),)),
+                  Case(f"fast {small_model} l2 ahead 8M", "fast", small_model, launch=(("l2_ahead", 8 << 20),))]
+    return found
+
+
+def l2_ahead_cases(model: str, batch_size: int, sizes_mb: tuple[int, ...] = (8, 24)) -> list[Case]:
+    """`fast b<batch> l2 ahead <MB>M` for each size, and `... 8M attention` (only the attention asks)."""
+    found = [Case(f"fast b{batch_size} l2 ahead {mb}M", "fast", model, batch_size=batch_size,
+                  launch=(("l2_ahead", mb << 20),)) for mb in sizes_mb]
+    found.append(Case(f"fast b{batch_size} l2 ahead {sizes_mb[0]}M attention", "fast", model, batch_size=batch_size,
+                      launch=(("l2_ahead", sizes_mb[0] << 20), ("l2_ahead_from", "attention"))))
     return found
 
 

@@ -6,10 +6,11 @@
 The bench's own table ranks kernels by name, so one projection kernel launched for [q; k; v], o,
 [gate; up] and down is one row. Here each kernel at each grid is a row of its own (the grid tells
 the matrices apart), in the order of its first launch in the recorded steps, with its device
-time and launches per step and its share of the step's kernel time. The result JSON (a bench's
-`bench.json`, or a sweep's `results/*.json`) names its trace and the steps it recorded. Under
-programmatic dependent launch, kernels overlap: the shares are of summed kernel time, not of the
-step's wall time.
+time, the time it adds to the step ("adds us": its end minus the later of its start and the
+previous kernel's end) and its share of that, and launches per step. Under programmatic dependent
+launch a kernel starts while the one before it still runs, so device times overlap and count the
+waits twice; the added times do not, and sum to the device's busy time. The result JSON (a
+bench's `bench.json`, or a sweep's `results/*.json`) names its trace and the steps it recorded.
 """
 
 from __future__ import annotations
@@ -26,14 +27,17 @@ from inferlab.measure.profiling import LaunchTime, kernel_launches
 
 def table(rows: tuple[LaunchTime, ...], steps: int) -> str:
     total = sum(r.us_per_step for r in rows)
+    chain = sum(r.chain_us_per_step for r in rows)
     lines = [f"kernel launches per step, over {steps} recorded steps, in launch order",
-             f"{'#':>3}  {'us/step':>9}  {'share':>6}  {'calls/step':>10}  {'grid':<16} kernel"]
+             f"{'#':>3}  {'us/step':>9}  {'adds us':>9}  {'share':>6}  {'calls/step':>10}  {'grid':<16} kernel"]
     for index, r in enumerate(rows, 1):
         grid = "x".join(str(g) for g in r.grid) or "-"
-        lines.append(f"{index:>3}  {r.us_per_step:9.2f}  {100 * r.us_per_step / total if total else 0.0:5.1f}%  {r.calls_per_step:10.1f}  "
-                     f"{grid:<16} {r.name}")
+        share = 100 * r.chain_us_per_step / chain if chain else 0.0
+        lines.append(f"{index:>3}  {r.us_per_step:9.2f}  {r.chain_us_per_step:9.2f}  {share:5.1f}%  "
+                     f"{r.calls_per_step:10.1f}  {grid:<16} {r.name}")
     launches = sum(r.calls_per_step for r in rows)
-    lines.append(f"total: {total:.1f} us of kernel time and {launches:.0f} launches per step")
+    lines.append(f"total: {total:.1f} us of kernel time, {chain:.1f} us of busy device time and {launches:.0f} "
+                 "launches per step")
     return "\n".join(lines)
 
 

@@ -79,10 +79,13 @@ class Kernels:
     pdl: bool | None = None
     policy: LaunchPolicy = DEFAULT_POLICY
 
-    def gemv(self, *args, **kwargs) -> torch.Tensor:
-        return gemv(*args, pdl=self.pdl, policy=self.policy, **kwargs)
+    def gemv(self, *args, ahead: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        if self.policy.l2_ahead_from != "all":
+            ahead = None
+        return gemv(*args, pdl=self.pdl, policy=self.policy, ahead=ahead, **kwargs)
 
-    def attention_decode(self, qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads) -> torch.Tensor:
+    def attention_decode(self, qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads,
+                         ahead: torch.Tensor | None = None) -> torch.Tensor:
         operands = (qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
         policy = self.policy
         if policy.attention_for(k_cache.shape[2]) == "split":
@@ -90,7 +93,8 @@ class Kernels:
             return attention_decode_split(*operands, block_t=policy.split_block_t, splits=splits, pdl=self.pdl,
                                           combine=policy.split_combine)
         return attention_decode(*operands, block_t=policy.head_block_t, pdl=self.pdl,
-                                range_positions=policy.head_range_for(k_cache.shape[2]), combine=policy.head_combine)
+                                range_positions=policy.head_range_for(k_cache.shape[2]), combine=policy.head_combine,
+                                ahead=ahead, ahead_limit=policy.l2_ahead)
 
     def decode_layers(self, *args) -> torch.Tensor:
         return decode_layers(*args, per_sm=self.policy.persistent_per_sm)

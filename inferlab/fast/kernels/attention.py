@@ -8,6 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
+from inferlab.fast.kernels.ahead import _warm_l2, ahead_operands, ahead_plan
+from inferlab.fast.kernels.grid import interpreted
 from inferlab.fast.kernels.launch import _launch_options, _use_pdl, kept
 from inferlab.fast.kernels.policy import ATTENTION_BLOCK_T, MAX_SPLITS, SPLIT_BLOCK_T, SPLIT_COMBINES, SPLIT_POSITIONS
 
@@ -50,9 +52,12 @@ def _attend_cached(k_ptr, v_ptr, cache_at, stride_ct, d, q, scale, best, total, 
 def _attention_decode_kernel(
     qkv_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, out_ptr,
     part_acc_ptr, part_best_ptr, part_total_ptr, arrivals_ptr,
-    stride_cm, stride_ch, stride_ct, scale,
+    stride_cm, stride_ch, stride_ct, scale, ahead_ptr,
     NH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, BLOCK_T: tl.constexpr,
     RANGE: tl.constexpr, RANGES: tl.constexpr, G_PAD: tl.constexpr, PDL: tl.constexpr, LAST: tl.constexpr,
+    AHEAD_SLOTS: tl.constexpr = 0, AHEAD_PARTS: tl.constexpr = 1, AHEAD_BYTES: tl.constexpr = 0,
+    AHEAD_STRIDE: tl.constexpr = 0, AHEAD_CHUNK: tl.constexpr = 16, AHEAD_THREADS: tl.constexpr = 1,
+    INTERPRETED: tl.constexpr = False,
 ):
     """One (row m, query head h): RoPE on q and k, cache write, softmax(q K^T) V over [0, pos].
 
@@ -64,6 +69,9 @@ def _attention_decode_kernel(
     the split attention's layout, for `_attention_combine_kernel`; with LAST, the last of the
     head's ranges to finish merges them itself (`_merge_ranges`) and resets the head's arrival
     count to 0, so no second kernel runs.
+
+    AHEAD_SLOTS > 0: before the wait, program pid asks L2 for its share of the o projection's
+    weight (`ahead._warm_l2`): the bus is idle while attention runs.
     """
     pid = tl.program_id(0)
     r = pid % RANGES if RANGE else 0
@@ -86,6 +94,8 @@ def _attention_decode_kernel(
     at = cache_at + t[:, None] * stride_ct + d[None, :]
     keys = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
     values = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
+    _warm_l2(ahead_ptr, pid, AHEAD_SLOTS, AHEAD_PARTS, AHEAD_BYTES, AHEAD_STRIDE, AHEAD_CHUNK, AHEAD_THREADS,
+             INTERPRETED)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()  # the q, k, v of this token come from the previous kernel
@@ -165,6 +175,8 @@ def attention_decode(
     pdl: bool | None = None,
     range_positions: int = 0,
     combine: str = "kernel",
+    ahead: torch.Tensor | None = None,
+    ahead_limit: int = 0,
 ) -> torch.Tensor:
     """Same contract as `inferlab.fast.spec.attention_decode`; reads `position` on the device.
 
@@ -178,6 +190,9 @@ def attention_decode(
     two, those past the position empty), merged by `_attention_combine_kernel` (`combine`
     "kernel") or by the last of each head's ranges to finish ("last"): a long context is read by
     many programs at once, a short one by range 0 alone.
+
+    `ahead`, the o projection's weight: its first `ahead_limit` bytes are asked of L2 before the
+    wait (`inferlab.fast.kernels.ahead`). A hint: the result is the same.
     """
     assert combine in SPLIT_COMBINES, combine
     out = _attention_output(qkv, cos, sin, k_cache, v_cache, num_heads)
@@ -195,11 +210,14 @@ def attention_decode(
     last = bool(range_positions) and combine == "last"
     arrivals, = kept(("head-arrivals", qkv.device, M * num_heads), lambda: (
         torch.zeros(M * num_heads, device=qkv.device, dtype=torch.int32),)) if last else (out,)
-    _attention_decode_kernel[(M * num_heads * ranges,)](
+    programs, warps = M * num_heads * ranges, 4
+    plan = ahead_plan(ahead, ahead_limit, programs, 32 * warps)
+    ahead_ptr, ahead_flags = ahead_operands(ahead, plan, out)
+    _attention_decode_kernel[(programs,)](
         qkv, cos, sin, position, k_cache, v_cache, out, part_acc, part_best, part_total, arrivals,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hd**-0.5,
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hd**-0.5, ahead_ptr,
         NH=num_heads, KVH=num_kv_heads, HD=hd, BLOCK_T=block_t, RANGE=range_positions, RANGES=ranges, G_PAD=g_pad,
-        PDL=pdl, LAST=last, num_warps=4, **_launch_options(pdl),
+        PDL=pdl, LAST=last, **ahead_flags, INTERPRETED=interpreted(), num_warps=warps, **_launch_options(pdl),
     )
     if range_positions and not last:
         _attention_combine_kernel[(M * num_heads,)](

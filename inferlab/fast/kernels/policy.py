@@ -244,6 +244,14 @@ class LaunchPolicy:
     # Its weights are stacked per kind ([L, ...]): o and down are then held twice (model and stack).
     persistent: bool = False
     persistent_per_sm: int = 1
+    # > 0: while a kernel runs it asks L2 for the first this many bytes of the weight the next
+    # kernel reads (`inferlab.fast.kernels.ahead`): the attention kernel for o's weight before its
+    # wait, the one-row and TMA projections for the next matrix's once their own tiles are in, the
+    # LM head for the first layer's [q; k; v], so that the memory bus does not idle across kernel
+    # boundaries and under the attention. 0: off.
+    l2_ahead: int = 0
+    # who asks with l2_ahead > 0: "all" (as above) or "attention" (the attention kernel only)
+    l2_ahead_from: str = "all"
 
     def __post_init__(self) -> None:
         if self.batched not in ("tensor", "cuda", "rowwise", "stream", "tma"):
@@ -265,6 +273,10 @@ class LaunchPolicy:
             raise ValueError(f"sampling must be one of {list(SAMPLING_KERNELS)}, not {self.sampling!r}")
         if self.sample_candidates < 0:
             raise ValueError(f"sample_candidates must be 0 or more, not {self.sample_candidates}")
+        if self.l2_ahead < 0:
+            raise ValueError(f"l2_ahead must be 0 or more bytes, not {self.l2_ahead}")
+        if self.l2_ahead_from not in ("all", "attention"):
+            raise ValueError(f"l2_ahead_from must be 'all' or 'attention', not {self.l2_ahead_from!r}")
         if self.persistent_per_sm < 1:
             raise ValueError(f"persistent_per_sm must be at least 1, not {self.persistent_per_sm}")
         if self.attention not in (*ATTENTION_KERNELS, "auto"):

@@ -21,6 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
+from inferlab.fast.kernels.ahead import _warm_l2, ahead_operands, ahead_plan
+from inferlab.fast.kernels.grid import interpreted
 from inferlab.fast.kernels.launch import _launch_options, _use_pdl, kept
 from inferlab.fast.kernels.policy import DEFAULT_POLICY, LaunchConfig, LaunchPolicy, RowsLaunch
 from inferlab.fast.kernels.stream import gemv_stream
@@ -33,11 +35,14 @@ from inferlab.fast.kernels.tiles import (_input_rows, _input_tile, _load_row, _n
 @triton.jit
 def _gemv_kernel(
     x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr,
-    M, eps,
+    M, eps, ahead_ptr,
     N: tl.constexpr, K: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
     PDL: tl.constexpr, EARLY: tl.constexpr,
+    AHEAD_SLOTS: tl.constexpr = 0, AHEAD_PARTS: tl.constexpr = 1, AHEAD_BYTES: tl.constexpr = 0,
+    AHEAD_STRIDE: tl.constexpr = 0, AHEAD_CHUNK: tl.constexpr = 16, AHEAD_THREADS: tl.constexpr = 1,
+    INTERPRETED: tl.constexpr = False,
 ):
     """out[m, n] for BLOCK_N consecutive n of one row m; the program reads its rows of W once.
 
@@ -48,6 +53,10 @@ def _gemv_kernel(
     the wait, beside the input; and where K fits one tile, the norm weight before the wait and the
     input once for its norm and its products. Otherwise each is a further round trip to memory
     after a reduction.
+
+    AHEAD_SLOTS > 0: once its own weights are in, each of the last AHEAD_SLOTS programs asks L2
+    for its share of the next kernel's weight (`ahead._warm_l2`; the programs launched last ask
+    first, so the requests land at the kernel's end).
     """
     pid = tl.program_id(0)
     m = pid % M  # programs of one weight block and different rows run side by side: L2 shares W
@@ -90,6 +99,8 @@ def _gemv_kernel(
         acc += _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32) * xf
         if GATED:
             acc_up += _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32) * xf
+    _warm_l2(ahead_ptr, tl.num_programs(0) - 1 - pid, AHEAD_SLOTS, AHEAD_PARTS, AHEAD_BYTES, AHEAD_STRIDE,
+             AHEAD_CHUNK, AHEAD_THREADS, INTERPRETED)
     y = tl.sum(acc, axis=1).to(dtype)
     if GATED:
         y = _silu_times(y, tl.sum(acc_up, axis=1).to(dtype), dtype)
@@ -329,8 +340,15 @@ def gemv(
     config: LaunchConfig | None = None,
     pdl: bool | None = None,
     policy: LaunchPolicy = DEFAULT_POLICY,
+    ahead: torch.Tensor | None = None,
+    ahead_gated: bool = False,
 ) -> torch.Tensor:
     """Same contract as `inferlab.fast.spec.gemv`: x [M, K], weight [N or 2N, K] -> [M, N].
+
+    `ahead`, the weight of a kernel after this one (`ahead_gated`: a [gate; up] weight): with
+    `policy.l2_ahead` > 0 the one-row and TMA kernels ask L2 for its first `policy.l2_ahead`
+    bytes once their own weights are in (`inferlab.fast.kernels.ahead`). A hint: the result is
+    the same.
 
     The kernel and its launch are `policy.rows_launch`'s: below `policy.rows_min_batch` rows
     `_gemv_kernel`, from there `_gemv_rows_kernel`; with `policy.batched == "cuda"`, 2 to
@@ -367,16 +385,22 @@ def gemv(
         return out
     if launch.kernel == "tma" and tma_fits(x, weight):
         gemv_tma(operands, flags, config or launch.config or policy.tma_gemv, launch.target_programs,
-                 policy.rows_block_m, policy.tma_per_sm, pdl, policy.tma_prefetch, policy.tma_early)
+                 policy.rows_block_m, policy.tma_per_sm, pdl, policy.tma_prefetch, policy.tma_early,
+                 ahead=ahead if policy.l2_ahead else None, ahead_gated=ahead_gated, ahead_limit=policy.l2_ahead)
         return out
     if launch.kernel == "tma":  # no descriptor for this weight here: the tensor-core kernel
         launch = RowsLaunch("tensor", policy.rows_gemv, policy.rows_target_programs, policy.rows_prefetch)
         config = None
     if launch.kernel == "row":
         c = config or launch.config or policy.gemv_config(N, K, gated)
-        _gemv_kernel[(M * triton.cdiv(N, c.block_n),)](
-            *operands, **flags, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
+        programs = M * triton.cdiv(N, c.block_n)
+        plan = ahead_plan(ahead if policy.l2_ahead else None, policy.l2_ahead, programs, 32 * c.num_warps,
+                          ahead_gated)
+        ahead_ptr, ahead_flags = ahead_operands(ahead, plan, x)
+        _gemv_kernel[(programs,)](
+            *operands, ahead_ptr, **flags, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
             EVEN_N=N % c.block_n == 0, EVEN_K=K % c.block_k == 0, EARLY=policy.early_loads,
+            **ahead_flags, INTERPRETED=interpreted(),
             num_warps=c.num_warps, num_stages=c.num_stages, **_launch_options(pdl),
         )
         return out

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from inferlab.fast.kernels.ahead import _warm_l2, ahead_operands, ahead_plan
 from inferlab.fast.kernels.grid import interpreted
 from inferlab.fast.kernels.launch import _launch_options, kept, multiprocessors, pdl_supported
 from inferlab.fast.kernels.policy import LaunchConfig
@@ -51,13 +52,15 @@ def _prefetch_l2(w_ptr, offsets, INTERPRETED: tl.constexpr):
 @triton.jit
 def _gemv_tma_kernel(
     x_ptr, w_desc, w_ptr, norm_ptr, res_ptr, out_ptr, part_ptr, arrivals_ptr,
-    M, eps,
+    M, eps, ahead_ptr,
     N: tl.constexpr, K: tl.constexpr,
     NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr, RMS_M: tl.constexpr, RMS_K: tl.constexpr,
     PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64, INTERPRETED: tl.constexpr = False,
     EARLY: tl.constexpr = False,
+    AHEAD_SLOTS: tl.constexpr = 0, AHEAD_PARTS: tl.constexpr = 1, AHEAD_BYTES: tl.constexpr = 0,
+    AHEAD_STRIDE: tl.constexpr = 0, AHEAD_CHUNK: tl.constexpr = 16, AHEAD_THREADS: tl.constexpr = 1,
 ):
     """out[m, n] for BLOCK_M rows m and BLOCK_N consecutive n, the weight tiles read through
     `w_desc` (a TMA descriptor of W [N or 2N, K] in tiles [BLOCK_N, BLOCK_K]; tiles past its edge
@@ -78,6 +81,9 @@ def _gemv_tma_kernel(
     EARLY copies the program's first weight tile (and its up tile) into shared memory before the
     wait, as the one-row kernel loads its first tile there, and multiplies it once the rows are
     in; the loop then runs over the others. The tiles are summed in the same order either way.
+
+    AHEAD_SLOTS > 0: once its tiles are in, program p (counted over the whole grid) asks L2 for
+    its share of the next kernel's weight (`ahead._warm_l2`).
     """
     tile_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -117,6 +123,9 @@ def _gemv_tma_kernel(
         acc = _swap_dot(w_desc.load([n0, k0]), xv, acc, FP32)  # W tile [BLOCK_N, BLOCK_K]
         if GATED:  # the up rows sit N rows below the gate rows; gate rows past N are never stored
             acc_up = _swap_dot(w_desc.load([n0 + N, k0]), xv, acc_up, FP32)
+    slot = (tile_m * tl.num_programs(1) + split) * tl.num_programs(0) + tile_n
+    _warm_l2(ahead_ptr, slot, AHEAD_SLOTS, AHEAD_PARTS, AHEAD_BYTES, AHEAD_STRIDE, AHEAD_CHUNK, AHEAD_THREADS,
+             INTERPRETED)
     last = True
     if SPLIT_K > 1:
         last, acc, acc_up = _split_k_sums(part_ptr, arrivals_ptr, tile_m * tl.num_programs(0) + tile_n, split, acc,
@@ -156,11 +165,13 @@ def _tma_scratch(device: torch.device, tiles: int, split_k: int, block_m: int, b
 
 
 def gemv_tma(operands: tuple, flags: dict, config: LaunchConfig, target_programs: int, block_m: int, per_sm: int,
-             pdl: bool, prefetch: int = 0, early: bool = False) -> None:
+             pdl: bool, prefetch: int = 0, early: bool = False, ahead: torch.Tensor | None = None,
+             ahead_gated: bool = False, ahead_limit: int = 0) -> None:
     """Launch `_gemv_tma_kernel` on `gemv`'s operands (x, weight, norm, residual, out, M, eps) and
     flags, K split until about `target_programs` programs (0: `per_sm` per SM), the first
-    `prefetch` weight tiles of each program asked of L2 before the wait (at most its range's), and
-    with `early` its first tile copied into shared memory before the wait."""
+    `prefetch` weight tiles of each program asked of L2 before the wait (at most its range's),
+    with `early` its first tile copied into shared memory before the wait, and the first
+    `ahead_limit` bytes of `ahead` (the next kernel's weight) asked of L2 after the loop."""
     x, weight, M = operands[0], operands[1], operands[5]
     N, K = flags["N"], flags["K"]
     n_tiles, m_tiles = triton.cdiv(N, config.block_n), triton.cdiv(M, block_m)
@@ -172,8 +183,11 @@ def gemv_tma(operands: tuple, flags: dict, config: LaunchConfig, target_programs
     rms_m = min(block_m, triton.next_power_of_2(M))  # rows a tile can hold
     prefetch = tma_prefetch_tiles(prefetch, triton.cdiv(K, config.block_k), split_k)
     line = min(128 // weight.element_size(), max(prefetch, 1) * config.block_k)  # elements a request
+    plan = ahead_plan(ahead, ahead_limit, n_tiles * split_k * m_tiles, 32 * config.num_warps, ahead_gated)
+    ahead_ptr, ahead_flags = ahead_operands(ahead, plan, x)
     _gemv_tma_kernel[(n_tiles, split_k, m_tiles)](
-        x, desc, weight, *operands[2:5], part, arrivals, *operands[5:], **flags, BLOCK_M=block_m,
+        x, desc, weight, *operands[2:5], part, arrivals, *operands[5:], ahead_ptr, **flags, **ahead_flags,
+        BLOCK_M=block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split_k, FP32=weight.dtype == torch.float32,
         RMS_M=rms_m, RMS_K=rms_columns(rms_m, K), PREFETCH=prefetch, LINE=line, INTERPRETED=interpreted(), EARLY=early,
         num_warps=config.num_warps, num_stages=config.num_stages, **_launch_options(pdl),
