@@ -34,7 +34,10 @@ def test_the_targets_follow_the_cases_that_run(script):
     made = script.cases("m", "small", [1, 4, 8], 1920)
     assert [case.name for case in made] == [
         "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b1 prefill as before",
-        "fast b1 l2 ahead 8M", "fast b1 l2 ahead 24M", "fast b1 l2 ahead 8M attention", "fast b4", "fast b8",
+        "fast b1 l2 ahead 8M", "fast b1 l2 ahead 24M", "fast b1 l2 ahead 8M attention", "fast b1 o k-whole",
+        "fast b1 o n4 k-whole", "fast b1 qkv+o k-whole", "fast b1 qkv+o+down k-whole", "fast b4", "fast b8",
+        "fast b4 gate/up k128 s3 2/SM", "fast b8 gate/up k128 s3 2/SM", "fast b4 o rowwise k-whole",
+        "fast b4 qkv+o rowwise k-whole", "fast b8 o rowwise k-whole", "fast b8 qkv+o rowwise k-whole",
         "fast b4 l2 ahead 8M", "fast b4 l2 ahead 24M", "fast b4 l2 ahead 8M attention", "fast b8 l2 ahead 8M",
         "fast b8 l2 ahead 24M", "fast b8 l2 ahead 8M attention",
         "fast b4 rows={}", "fast b8 rows={}", "fast b4 stream per matrix", "fast b8 stream per matrix",
@@ -124,6 +127,16 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     attention_only = script.launch_policy(made["fast b1 l2 ahead 8M attention"].launch)
     assert attention_only.l2_ahead == 8 << 20 and attention_only.l2_ahead_from == "attention"
     assert script.launch_policy(made["fast small l2 ahead 8M"].launch).l2_ahead == 8 << 20
+    whole = script.launch_policy(made["fast b1 qkv+o k-whole"].launch)
+    assert whole.gemv_config(2048, 2048, False) == whole.gemv_config(2560, 2048, False) == kernels.LaunchConfig(2, 2048, 4, 1)
+    assert whole.gemv_config(5632, 2048, True) == kernels.gemv_config(5632, 2048, True)  # added to the table
+    assert script.launch_policy(made["fast b1 qkv+o+down k-whole"].launch).gemv_config(2048, 5632, False).block_k == 8192
+    two_per_sm = script.launch_policy(made["fast b4 gate/up k128 s3 2/SM"].launch)
+    assert two_per_sm.rows_launch(5632, 2048, True, 4) == kernels.RowsLaunch("tma", kernels.LaunchConfig(64, 128, 4, 3), 264)
+    assert two_per_sm.rows_launch(2048, 2048, False, 4) == kernels.DEFAULT_POLICY.rows_launch(2048, 2048, False, 4)
+    rowwise = script.launch_policy(made["fast b4 qkv+o rowwise k-whole"].launch)
+    assert rowwise.rows_launch(2560, 2048, False, 4) == kernels.RowsLaunch("rowwise", kernels.LaunchConfig(2, 2048, 4, 1))
+    assert rowwise.rows_launch(2048, 5632, False, 4) == kernels.DEFAULT_POLICY.rows_launch(2048, 5632, False, 4)
 
 
 def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
@@ -147,6 +160,9 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast b4 stream tma 2/SM", "fast b4 ranges256",
                                      *(f"fast b{b} l2 ahead {size}" for b in (1, 2, 4)
                                        for size in ("8M", "24M", "8M attention")),
+                                     *(f"fast b1 {m} k-whole" for m in ("o", "o n4", "qkv+o", "qkv+o+down")),
+                                     "fast b4 gate/up k128 s3 2/SM", "fast b4 o rowwise k-whole",
+                                     "fast b4 qkv+o rowwise k-whole",
                                      "fast sampled", "fast sampled bisection", "fast sampled split",
                                      "fast sampled torch"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]

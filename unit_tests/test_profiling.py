@@ -112,6 +112,20 @@ TWO_STEPS = [  # two decode steps of a two-matrix model: one projection kernel a
 ]
 
 
+# the same two steps after the end of a step the window caught in part: the trace's whole steps are the two
+WITH_A_PARTIAL_STEP = [kernel_event("_gemv_tma_kernel", 2.0, 3.0, [88, 1, 1]),
+                       kernel_event("_greedy_step_kernel", 6.0, 1.0, [4, 1, 1]), *TWO_STEPS]
+
+
+def test_whole_steps_run_from_the_first_launch_of_the_closing_kernel_to_its_last():
+    kept, steps = profiling.whole_steps(WITH_A_PARTIAL_STEP)
+    assert steps == 2 and [e["ts"] for e in kept] == [10.0, 17.0, 27.0, 40.0, 49.0, 57.0]
+    assert profiling.kernel_launches(kept, steps) == profiling.kernel_launches(TWO_STEPS, 2)
+    assert profiling.whole_steps(TWO_STEPS)[1] == 1  # the first step's start is not known: one whole step
+    one = [kernel_event("a", 0.0, 1.0, [1]), kernel_event("b", 2.0, 1.0, [1])]
+    assert profiling.whole_steps(one) == (one, 0) and profiling.whole_steps([{"cat": "cpu_op"}]) == ([], 0)
+
+
 def test_kernel_launches_keep_each_grid_of_a_kernel_apart_in_launch_order_per_step():
     rows = profiling.kernel_launches(TWO_STEPS, steps=2)
     assert rows == (profiling.LaunchTime("_gemv_tma_kernel", (40, 3, 1), 7.0, 1.0, 7.0),
@@ -151,7 +165,7 @@ def profiled_result(folder, events, steps=2):
 
 
 def test_step_kernels_prints_each_launch_with_its_share_over_the_steps_its_result_names(tmp_path):
-    done = run_step_kernels(profiled_result(tmp_path, TWO_STEPS))
+    done = run_step_kernels(profiled_result(tmp_path, WITH_A_PARTIAL_STEP, steps=3))  # the whole steps are 2
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0] == "kernel launches per step, over 2 recorded steps, in launch order"
@@ -161,7 +175,7 @@ def test_step_kernels_prints_each_launch_with_its_share_over_the_steps_its_resul
     sweep = tmp_path / "sweep"  # a sweep keeps its traces in profiles/, beside results/
     (sweep / "results").mkdir(parents=True)
     (sweep / "profiles").mkdir()
-    result = profiled_result(sweep / "results", TWO_STEPS)
+    result = profiled_result(sweep / "results", WITH_A_PARTIAL_STEP, steps=3)
     (sweep / "results" / "bench.trace.json").rename(sweep / "profiles" / "bench.trace.json")
     assert run_step_kernels(result).stdout == done.stdout
 

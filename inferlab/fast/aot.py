@@ -100,6 +100,15 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
                      EARLY=early)
         cases.append((f"gemv {n}x{k} tile {config.block_n}x{config.block_k}{' early loads' if early else ''}",
                       kernels.projections._gemv_kernel, gemv, flags, dict(num_warps=config.num_warps, num_stages=config.num_stages)))
+    # all of K in one tile (`perf_tests/scripts/fast_targets.py`'s "k-whole" cases): each program's
+    # whole share of the weight loaded before the wait
+    for (n, k, gated), config in (((2560, 2048, False), kernels.LaunchConfig(2, 2048, 4, 1)),
+                                  ((2048, 2048, False), kernels.LaunchConfig(4, 2048, 4, 1)),
+                                  ((2048, 5632, False), kernels.LaunchConfig(2, 8192, 8, 1))):
+        flags = dict(N=n, K=k, NORM=n != 2048, GATED=gated, RESIDUAL=n == 2048, BLOCK_N=config.block_n,
+                     BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=k % config.block_k == 0, PDL=True, EARLY=True)
+        cases.append((f"gemv {n}x{k} tile {config.block_n}x{config.block_k} whole K", kernels.projections._gemv_kernel,
+                      gemv, flags, dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     # with the next matrix's first 8 MB asked of L2 at the end (LaunchPolicy(l2_ahead=8 MB)): o asking
     # for [gate; up] (each half), [gate; up] for down
     for (n, k, gated), (after, after_gated) in ((((2048, 2048, False)), ((11264, 2048), True)),
@@ -193,7 +202,9 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
                           kernels.projections._gemv_batch_kernel, gemv, flags,
                           dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     # one row at a time (LaunchPolicy(batched="rowwise")) in the one-row kernel's shapes, at 4 and 8 rows
-    for ((n, k, gated), config), rows in itertools.product(kernels.TINYLLAMA_GEMV.items(), (4, 8)):
+    # (and o, [q; k; v] with K whole, as fast_targets' "rowwise k-whole" cases run them)
+    whole = {(2560, 2048, False): kernels.LaunchConfig(2, 2048, 4, 1), (2048, 2048, False): kernels.LaunchConfig(2, 2048, 4, 1)}
+    for ((n, k, gated), config), rows in itertools.product([*kernels.TINYLLAMA_GEMV.items(), *whole.items()], (4, 8)):
         flags = dict(N=n, K=k, NORM=True, GATED=gated, RESIDUAL=not gated, ROWS=rows, BLOCK_N=config.block_n,
                      BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=True, PDL=True, EARLY=False, RMS_K=0, ROWWISE=True)
         cases.append((f"rowwise {rows} rows {n}x{k} tile {config.block_n}x{config.block_k}",

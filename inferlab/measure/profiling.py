@@ -100,15 +100,38 @@ class LaunchTime:
     chain_us_per_step: float = 0.0
 
 
+def _kernel_events(trace_events: Iterable[dict]) -> list[dict]:
+    return sorted((e for e in trace_events if isinstance(e, dict) and e.get("cat") == "kernel"),
+                  key=lambda e: e.get("ts", 0.0))
+
+
+def whole_steps(trace_events: Iterable[dict]) -> tuple[list[dict], int]:
+    """The kernel events of the whole steps in a trace, and how many there are.
+
+    A recorded window may begin in the middle of a step (the profiler's warm-up step leaves
+    kernels in the trace) and its edges do not fall on step boundaries. Every decode step ends
+    with the same kernel (the greedy or sampling step), the last kernel the trace records: the
+    events after its first launch up to its last are whole steps, one per launch between them.
+    With fewer than two launches of it, all the kernel events and 0 steps (unknown)."""
+    kernels = _kernel_events(trace_events)
+    if not kernels:
+        return [], 0
+    last = kernels[-1]
+    closing = (last.get("name"), tuple(last.get("args", {}).get("grid", ())))
+    ends = [i for i, e in enumerate(kernels) if (e.get("name"), tuple(e.get("args", {}).get("grid", ()))) == closing]
+    if len(ends) < 2:
+        return kernels, 0
+    return kernels[ends[0] + 1:ends[-1] + 1], len(ends) - 1
+
+
 def kernel_launches(trace_events: Iterable[dict], steps: int) -> tuple[LaunchTime, ...]:
     """The kernel events (cat "kernel") of a Chrome trace's `traceEvents`, summed per (name, grid)
     and divided by `steps`, in the order of each one's first launch. One kernel serving several
     matrices (a projection kernel launched for [q; k; v], o, [gate; up] and down) has a grid for
     each, so each matrix gets its own row, where `rank_events` adds them under the kernel's name."""
     totals: dict[tuple[str, tuple[int, ...]], list[float]] = {}
-    kernels = (e for e in trace_events if isinstance(e, dict) and e.get("cat") == "kernel")
     previous_end = float("-inf")
-    for event in sorted(kernels, key=lambda e: e.get("ts", 0.0)):
+    for event in _kernel_events(trace_events):
         key = (str(event.get("name", "")), tuple(event.get("args", {}).get("grid", ())))
         start, duration = float(event.get("ts", 0.0)), float(event.get("dur", 0.0))
         end = start + duration

@@ -121,6 +121,18 @@ def narrow_tma(batch: int, block_n: int, gated: bool = False) -> tuple:
     return ("rows_added", tuple(((n, k, g, rows), ("tma", (block_n, 256, 4, 4))) for n, k, g in matrices))
 
 
+# TinyLlama's matrices with all of K in one tile of the one-row kernel, so that a program loads
+# its whole share of the weight before the wait: the measured launch (MEASURED_GEMV) loads the
+# first of two tiles there for [q; k; v] and o, the first of three for down
+WHOLE_K = {"qkv": ((2560, 2048, False), (2, 2048, 4, 1)), "o": ((2048, 2048, False), (2, 2048, 4, 1)),
+           "o n4": ((2048, 2048, False), (4, 2048, 4, 1)), "down": ((2048, 5632, False), (2, 8192, 8, 1))}
+
+
+def whole_k(*names: str) -> tuple:
+    """The `gemv_added` launch pair that runs `WHOLE_K`'s `names` in their one-tile shapes."""
+    return ("gemv_added", tuple(WHOLE_K[name] for name in names))
+
+
 def stream_per_matrix(rows: int, matrices=tuple(STREAM_FASTEST)) -> tuple:
     """`LaunchPolicy.rows` pairs that run each of `matrices` at `rows` rows in its `STREAM_FASTEST` launch."""
     return tuple(((n, k, gated, rows), ("stream", *STREAM_FASTEST[n, k, gated])) for n, k, gated in matrices)
@@ -138,7 +150,24 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # attention for o's, a projection for the next matrix's once its own are in, the LM head for
     # the first layer's [q; k; v]); and only the attention asking, for o's (`LaunchPolicy(l2_ahead=...)`)
     found += l2_ahead_cases(model, 1)
+    # o, [q; k; v] and o, and those and down in one tile as wide as K: each program's whole share of
+    # the weight loaded before the wait (o's while the attention runs, which reads almost nothing)
+    found += [Case(f"fast b1 {label} k-whole", "fast", model, launch=(whole_k(*names),))
+              for label, names in (("o", ("o",)), ("o n4", ("o n4",)), ("qkv+o", ("qkv", "o")),
+                                   ("qkv+o+down", ("qkv", "o", "down")))]
     found += [Case(f"fast b{b}", "fast", model, batch_size=b) for b in batch_sizes if b != 1]
+    # [gate; up] in TMA tiles of 64 x 128, 3 stages (96 KB of shared memory, so two programs share an
+    # SM), K split to two programs per SM: every SM busy where the default's 88 tiles of 64 x 256 leave
+    # 44 idle; and, at up to 8 rows, o (and [q; k; v]) one row at a time in the one-row kernel's
+    # whole-K tile, loaded before the wait
+    found += [Case(f"fast b{b} gate/up k128 s3 2/SM", "fast", model, batch_size=b,
+                   launch=(("rows_added", (((5632, 2048, True, min(16, 1 << (b - 1).bit_length())),
+                                            ("tma", (64, 128, 4, 3), 264)),)),))
+              for b in batch_sizes if b >= 4]
+    found += [Case(f"fast b{b} {label} rowwise k-whole", "fast", model, batch_size=b,
+                   launch=(("rows_added", tuple(((*WHOLE_K[name][0], 1 << (b - 1).bit_length()),
+                                                 ("rowwise", WHOLE_K[name][1])) for name in names)),))
+              for b in batch_sizes if 4 <= b <= 8 for label, names in (("o", ("o",)), ("qkv+o", ("qkv", "o")))]
     found += [case for b in batch_sizes if b != 1 for case in l2_ahead_cases(model, b)]
     # every matrix in the policy-wide batched kernel, without the launches measured per matrix
     # (LaunchPolicy(rows={})): the engine before `MEASURED_ROWS`
@@ -242,7 +271,8 @@ def launch_policy(launch: tuple):
     """A case's LaunchPolicy: its (name, value) pairs as keywords, a mapping's value given as its
     (key, value) pairs (a `rows` launch as its (kernel, config[, programs]) fields; `rows` "tensor":
     `TENSOR_ROWS`); `rows_added`
-    pairs are added to the policy's `rows` table instead of replacing it."""
+    pairs are added to the policy's `rows` table instead of replacing it, `gemv_added` pairs (a
+    config as its fields) to its `gemv` table."""
     from types import MappingProxyType
 
     from inferlab.fast.kernels import (TENSOR_ROWS, LaunchConfig, LaunchPolicy,  # needs Triton: only for a policy of its own
@@ -255,8 +285,8 @@ def launch_policy(launch: tuple):
         return RowsLaunch(kernel, LaunchConfig(*config) if isinstance(config, tuple) else config, *rest)
 
     def value_of(name, value):
-        if name == "gemv":
-            return MappingProxyType(dict(value))
+        if name in ("gemv", "gemv_added"):  # a config given as a LaunchConfig or as its fields
+            return MappingProxyType({key: LaunchConfig(*c) if isinstance(c, tuple) else c for key, c in value})
         if name == "tma_gemv":
             return LaunchConfig(*value)
         if name == "rows" and value == "tensor":  # the table measured for the tensor-core kernel
@@ -267,8 +297,11 @@ def launch_policy(launch: tuple):
 
     fields = {name: value_of(name, value) for name, value in launch}
     added = fields.pop("rows_added", {})  # launches added to the policy's table (the default's unless `rows`)
+    shapes = fields.pop("gemv_added", {})  # one-row launch shapes added to the policy's `gemv` table
     policy = LaunchPolicy(**fields)
-    return replace(policy, rows=MappingProxyType({**policy.rows, **added})) if added else policy
+    if added:
+        policy = replace(policy, rows=MappingProxyType({**policy.rows, **added}))
+    return replace(policy, gemv=MappingProxyType({**policy.gemv, **shapes})) if shapes else policy
 
 
 def uncompiled_prefill(case: Case) -> Case:

@@ -10,7 +10,10 @@ time, the time it adds to the step ("adds us": its end minus the later of its st
 previous kernel's end) and its share of that, and launches per step. Under programmatic dependent
 launch a kernel starts while the one before it still runs, so device times overlap and count the
 waits twice; the added times do not, and sum to the device's busy time. The result JSON (a
-bench's `bench.json`, or a sweep's `results/*.json`) names its trace and the steps it recorded.
+bench's `bench.json`, or a sweep's `results/*.json`) names its trace. The table covers the whole
+steps in it: from the first launch of the step's closing kernel (the last kernel recorded, the
+greedy or sampling step) to its last (`whole_steps`); a trace with fewer than two of them is
+taken whole, over the steps the profile says it recorded.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 
 from inferlab.errors import UsageError
 from inferlab.look.profile_diff import load_profile
-from inferlab.measure.profiling import LaunchTime, kernel_launches
+from inferlab.measure.profiling import LaunchTime, kernel_launches, whole_steps
 
 
 def table(rows: tuple[LaunchTime, ...], steps: int) -> str:
@@ -67,12 +70,15 @@ def main() -> int:
         print(f"step_kernels: {trace} is not a Chrome trace with traceEvents; profile again with inferlab bench "
               "--profile", file=sys.stderr)
         return 2
-    rows = kernel_launches(events, summary.steps) if isinstance(events, list) else ()
+    kept, steps = whole_steps(events) if isinstance(events, list) else ([], 0)
+    if not steps:  # no step boundary found: every kernel event, over the steps the profile says it recorded
+        kept, steps = (events if isinstance(events, list) else []), summary.steps
+    rows = kernel_launches(kept, steps)
     if not rows:
         print(f"step_kernels: {trace} holds no GPU kernel events (a CPU profile ranks operators: see the bench's "
               "own table); profile on a GPU", file=sys.stderr)
         return 2
-    print(table(rows, summary.steps))
+    print(table(rows, steps))
     return 0
 
 
