@@ -686,6 +686,26 @@ def test_a_greedy_decode_step_launches_as_many_kernels_as_its_policy_counts(kern
     assert len(launched) == ops.policy.decode_kernels(len(net.layers), cache_length)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_cache_in_one_tile_of_8_warps_attends_as_specified_without_a_combine_kernel(kernels, record_launches, dtype):
+    """`LaunchPolicy(head_block_t=T, head_range=T, head_warps=8)` over a cache of T positions: one
+    program a head holds the whole cache in one tile (read before the wait), no ranges to merge."""
+    M, heads, kv_heads, hd, T = 2, 4, 2, 16, 16
+    qkv, cos, sin, k_cache, v_cache = attention_inputs(M, heads, kv_heads, hd, T, dtype)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    launched = record_launches(("_attention_decode_kernel", "_attention_combine_kernel"))
+    ops = kernels.Kernels(policy=kernels.LaunchPolicy(head_block_t=T, head_range=T, head_warps=8))
+    for position in (0, 9, T - 1):
+        at = torch.tensor([position], device=DEVICE)
+        expected = decode_ops.attention_decode(qkv, cos, sin, at, expected_k, expected_v, heads, kv_heads)
+        assert_same_function(ops.attention_decode(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads), expected)
+        assert_same_function(k_cache, expected_k)
+        assert torch.equal(v_cache, expected_v)
+    assert launched == ["_attention_decode_kernel"] * 3
+    with pytest.raises(ValueError, match="head_warps must be a power of two, not 6"):
+        kernels.LaunchPolicy(head_warps=6)
+
+
 def test_attention_specification_is_softmax_attention_over_the_written_cache():
     M, heads, kv_heads, hd, T, position = 1, 2, 1, 4, 6, 3
     qkv = draw(M, (heads + 2 * kv_heads) * hd, seed=9)

@@ -231,6 +231,11 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
             cases.append((f"attention {label}{f' {ranges} ranges of {positions}' if positions else ''}"
                           f"{', merged by the last' if last else ''}",
                           kernels.attention._attention_decode_kernel, head, flags, dict(num_warps=4)))
+        # a whole 256-position cache in one tile of 8 warps (LaunchPolicy(head_block_t=256, head_range=256,
+        # head_warps=8)): one range, no combine kernel
+        flags = dict(NH=heads, KVH=kv_heads, HD=64, BLOCK_T=256, RANGE=0, RANGES=1, G_PAD=g_pad, PDL=True, LAST=False)
+        cases.append((f"attention {label} 256 positions in one tile, 8 warps", kernels.attention._attention_decode_kernel,
+                      head, flags, dict(num_warps=8)))
         # ranges of 128 asking L2 for o's weight before the wait (LaunchPolicy(l2_ahead=8 MB))
         flags = dict(NH=heads, KVH=kv_heads, HD=64, BLOCK_T=kernels.ATTENTION_BLOCK_T, RANGE=128, RANGES=2,
                      G_PAD=g_pad, PDL=True, LAST=False,

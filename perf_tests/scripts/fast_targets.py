@@ -169,6 +169,12 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
                                                  ("rowwise", WHOLE_K[name][1])) for name in names)),))
               for b in batch_sizes if 4 <= b <= 8 for label, names in (("o", ("o",)), ("qkv+o", ("qkv", "o")))]
     found += [case for b in batch_sizes if b != 1 for case in l2_ahead_cases(model, b)]
+    # the decode attention over a cache of 256 positions in one tile of 8 warps: each head's keys and
+    # values read before the wait, one range, no combine kernel (the default: 2 ranges of 128 and a
+    # combine kernel)
+    found += [Case(f"fast b{b} t256 w8", "fast", model, batch_size=b,
+                   launch=(("head_block_t", 256), ("head_range", 256), ("head_warps", 8)))
+              for b in sorted({1, *batch_sizes}) if b == 1 or b >= 4]
     # every matrix in the policy-wide batched kernel, without the launches measured per matrix
     # (LaunchPolicy(rows={})): the engine before `MEASURED_ROWS`
     found += [Case(f"fast b{b} rows={{}}", "fast", model, batch_size=b, launch=(("rows", ()),))

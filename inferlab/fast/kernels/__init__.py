@@ -94,7 +94,7 @@ class Kernels:
                                           combine=policy.split_combine)
         return attention_decode(*operands, block_t=policy.head_block_t, pdl=self.pdl,
                                 range_positions=policy.head_range_for(k_cache.shape[2]), combine=policy.head_combine,
-                                ahead=ahead, ahead_limit=policy.l2_ahead)
+                                ahead=ahead, ahead_limit=policy.l2_ahead, num_warps=policy.head_warps)
 
     def decode_layers(self, *args) -> torch.Tensor:
         return decode_layers(*args, per_sm=self.policy.persistent_per_sm)

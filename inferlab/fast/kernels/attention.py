@@ -177,6 +177,7 @@ def attention_decode(
     combine: str = "kernel",
     ahead: torch.Tensor | None = None,
     ahead_limit: int = 0,
+    num_warps: int = 4,
 ) -> torch.Tensor:
     """Same contract as `inferlab.fast.spec.attention_decode`; reads `position` on the device.
 
@@ -192,7 +193,8 @@ def attention_decode(
     many programs at once, a short one by range 0 alone.
 
     `ahead`, the o projection's weight: its first `ahead_limit` bytes are asked of L2 before the
-    wait (`inferlab.fast.kernels.ahead`). A hint: the result is the same.
+    wait (`inferlab.fast.kernels.ahead`). A hint: the result is the same. `num_warps`: warps a
+    program of the attention kernel.
     """
     assert combine in SPLIT_COMBINES, combine
     out = _attention_output(qkv, cos, sin, k_cache, v_cache, num_heads)
@@ -210,7 +212,7 @@ def attention_decode(
     last = bool(range_positions) and combine == "last"
     arrivals, = kept(("head-arrivals", qkv.device, M * num_heads), lambda: (
         torch.zeros(M * num_heads, device=qkv.device, dtype=torch.int32),)) if last else (out,)
-    programs, warps = M * num_heads * ranges, 4
+    programs, warps = M * num_heads * ranges, num_warps
     plan = ahead_plan(ahead, ahead_limit, programs, 32 * warps)
     ahead_ptr, ahead_flags = ahead_operands(ahead, plan, out)
     _attention_decode_kernel[(programs,)](

@@ -203,6 +203,10 @@ class LaunchPolicy:
     # new 0.686 against 0.712 ms without ranges; + 500 new 0.697 against 0.813; prompt 1920 0.761
     # against 2.185), ahead of ranges of 256 and the split kernel (docs/perf/h200/kernels.md)
     head_range: int = 128
+    # warps a program of the per-head kernel: 8 with head_block_t = head_range = 256 holds a whole
+    # 256-position cache (K and V, 64 KB at head size 64) in one tile, read before the wait, with
+    # no combine kernel
+    head_warps: int = 4
     # who merges the per-head kernel's ranges: "kernel", `_attention_combine_kernel` after it (one
     # kernel more a layer); "last", the last of each head's ranges to finish, in the same kernel
     # (an atomic count a program instead of a kernel boundary). On the H200 "last" loses: +1.4% at
@@ -273,6 +277,8 @@ class LaunchPolicy:
             raise ValueError(f"sampling must be one of {list(SAMPLING_KERNELS)}, not {self.sampling!r}")
         if self.sample_candidates < 0:
             raise ValueError(f"sample_candidates must be 0 or more, not {self.sample_candidates}")
+        if self.head_warps < 1 or self.head_warps & (self.head_warps - 1):
+            raise ValueError(f"head_warps must be a power of two, not {self.head_warps}")
         if self.l2_ahead < 0:
             raise ValueError(f"l2_ahead must be 0 or more bytes, not {self.l2_ahead}")
         if self.l2_ahead_from not in ("all", "attention"):
