@@ -41,6 +41,7 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b4 l2 ahead 8M", "fast b4 l2 ahead 24M", "fast b4 l2 ahead 8M attention", "fast b8 l2 ahead 8M",
         "fast b8 l2 ahead 24M", "fast b8 l2 ahead 8M attention",
         "fast b1 t256 w8", "fast b4 t256 w8", "fast b8 t256 w8",
+        "fast b1 whole256", "fast b4 whole256", "fast b8 whole256",
         "fast b4 rows={}", "fast b8 rows={}", "fast b4 stream per matrix", "fast b8 stream per matrix",
         "fast b4 stream down+o", "fast b8 stream down+o", "fast b4 tensor", "fast b8 tensor", "fast b4 tma 2/SM",
         "fast b8 tma 2/SM", "fast b4 tma prefetch 1", "fast b4 tma prefetch 2", "fast b4 tma prefetch 8",
@@ -52,7 +53,7 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b4 tma s2 prefetch 0", "fast b4 tma s2 prefetch 8", "fast b8 tma s2 prefetch 0", "fast b8 tma s2 prefetch 8",
         "fast b4 stream tma 1/SM",
         "fast b4 stream tma 2/SM", "fast b8 stream tma 1/SM", "fast b8 stream tma 2/SM", "fast b4 ranges256", "fast b8 ranges256",
-        "fast prompt 1920", "fast prompt 1920 prefill as before",
+        "fast prompt 1920", "fast prompt 1920 whole256", "fast prompt 1920 prefill as before",
         "fast sampled",
         "fast sampled bisection", "fast sampled split", "fast sampled torch", "fast small",
         "fast small no early_loads", "fast small default shapes", "fast small persistent", "fast small l2 ahead 8M"]
@@ -131,6 +132,7 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     one_tile = script.launch_policy(made["fast b1 t256 w8"].launch)
     assert (one_tile.head_block_t, one_tile.head_range, one_tile.head_warps) == (256, 256, 8)
     assert one_tile.head_range_for(256) == 0 and one_tile.decode_kernels(22, 256) == 22 * 5 + 2
+    assert script.launch_policy(made["fast b4 whole256"].launch).head_launch_for(256) == (256, 0, 8)
     whole = script.launch_policy(made["fast b1 qkv+o k-whole"].launch)
     assert whole.gemv_config(2048, 2048, False) == whole.gemv_config(2560, 2048, False) == kernels.LaunchConfig(2, 2048, 4, 1)
     assert whole.gemv_config(5632, 2048, True) == kernels.gemv_config(5632, 2048, True)  # added to the table
@@ -165,7 +167,8 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      *(f"fast b{b} l2 ahead {size}" for b in (1, 2, 4)
                                        for size in ("8M", "24M", "8M attention")),
                                      *(f"fast b1 {m} k-whole" for m in ("o", "o n4", "qkv+o", "qkv+o+down")),
-                                     "fast b1 t256 w8", "fast b4 t256 w8",
+                                     "fast b1 t256 w8", "fast b4 t256 w8", "fast b1 whole256", "fast b4 whole256",
+                                     "fast prompt 24 whole256",
                                      "fast b4 gate/up k128 s3 2/SM", "fast b4 o rowwise k-whole",
                                      "fast b4 qkv+o rowwise k-whole",
                                      "fast sampled", "fast sampled bisection", "fast sampled split",

@@ -706,6 +706,27 @@ def test_a_cache_in_one_tile_of_8_warps_attends_as_specified_without_a_combine_k
         kernels.LaunchPolicy(head_warps=6)
 
 
+def test_head_whole_cache_reads_short_caches_in_one_tile_and_longer_ones_in_ranges(kernels, record_launches):
+    policy = kernels.LaunchPolicy(head_whole_cache=256)
+    assert policy.head_launch_for(256) == (256, 0, 8) and policy.head_launch_for(200) == (256, 0, 8)
+    assert policy.head_launch_for(257) == (kernels.ATTENTION_BLOCK_T, 128, 4) == kernels.DEFAULT_POLICY.head_launch_for(257)
+    assert kernels.DEFAULT_POLICY.head_launch_for(256) == (128, 128, 4)  # off by default: 2 ranges and a combine
+    assert policy.decode_kernels(22, 256) == 22 * 5 + 2 and policy.decode_kernels(22, 2048) == 22 * 6 + 2
+    with pytest.raises(ValueError, match="head_whole_warps must be a power of two, not 3"):
+        kernels.LaunchPolicy(head_whole_warps=3)
+    M, heads, kv_heads, hd = 1, 4, 2, 16
+    launched = record_launches(("_attention_decode_kernel", "_attention_combine_kernel"))
+    ops = kernels.Kernels(policy=kernels.LaunchPolicy(head_whole_cache=16, head_block_t=4, head_range=8))
+    for T, position in ((16, 13), (24, 21)):  # one tile of 16; three ranges of 8 (4 with the empty one), combined
+        qkv, cos, sin, k_cache, v_cache = attention_inputs(M, heads, kv_heads, hd, T, torch.float32)
+        expected_k, expected_v = k_cache.clone(), v_cache.clone()
+        at = torch.tensor([position], device=DEVICE)
+        expected = decode_ops.attention_decode(qkv, cos, sin, at, expected_k, expected_v, heads, kv_heads)
+        assert_same_function(ops.attention_decode(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads), expected)
+        assert torch.equal(v_cache, expected_v)
+    assert launched == ["_attention_decode_kernel", "_attention_decode_kernel", "_attention_combine_kernel"]
+
+
 def test_attention_specification_is_softmax_attention_over_the_written_cache():
     M, heads, kv_heads, hd, T, position = 1, 2, 1, 4, 6, 3
     qkv = draw(M, (heads + 2 * kv_heads) * hd, seed=9)

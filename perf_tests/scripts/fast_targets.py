@@ -175,6 +175,10 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found += [Case(f"fast b{b} t256 w8", "fast", model, batch_size=b,
                    launch=(("head_block_t", 256), ("head_range", 256), ("head_warps", 8)))
               for b in sorted({1, *batch_sizes}) if b == 1 or b >= 4]
+    # the same through `LaunchPolicy(head_whole_cache=256)`: caches of up to 256 positions in one
+    # tile of 8 warps, longer ones in the default's ranges of 128 (also at the long prompt)
+    found += [Case(f"fast b{b} whole256", "fast", model, batch_size=b, launch=(("head_whole_cache", 256),))
+              for b in sorted({1, *batch_sizes}) if b == 1 or b >= 4]
     # every matrix in the policy-wide batched kernel, without the launches measured per matrix
     # (LaunchPolicy(rows={})): the engine before `MEASURED_ROWS`
     found += [Case(f"fast b{b} rows={{}}", "fast", model, batch_size=b, launch=(("rows", ()),))
@@ -234,6 +238,8 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found += [Case(f"fast b{b} tma", "fast", model, batch_size=b, launch=(("rows_min_batch", 2),))
               for b in batch_sizes if 2 <= b < 4]
     found.append(Case(f"fast prompt {long_prompt}", "fast", model, prompt_length=long_prompt))
+    found.append(Case(f"fast prompt {long_prompt} whole256", "fast", model, prompt_length=long_prompt,
+                      launch=(("head_whole_cache", 256),)))
     found.append(Case(f"fast prompt {long_prompt} prefill as before", "fast", model, prompt_length=long_prompt,
                       options=before))
     # the step ending in the sampling kernel of one program a row (the default; and with top-p

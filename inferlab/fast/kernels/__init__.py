@@ -92,9 +92,10 @@ class Kernels:
             splits = attention_splits(k_cache.shape[2], policy.split_positions, policy.max_splits)
             return attention_decode_split(*operands, block_t=policy.split_block_t, splits=splits, pdl=self.pdl,
                                           combine=policy.split_combine)
-        return attention_decode(*operands, block_t=policy.head_block_t, pdl=self.pdl,
-                                range_positions=policy.head_range_for(k_cache.shape[2]), combine=policy.head_combine,
-                                ahead=ahead, ahead_limit=policy.l2_ahead, num_warps=policy.head_warps)
+        block_t, range_positions, warps = policy.head_launch_for(k_cache.shape[2])
+        return attention_decode(*operands, block_t=block_t, pdl=self.pdl, range_positions=range_positions,
+                                combine=policy.head_combine, ahead=ahead, ahead_limit=policy.l2_ahead,
+                                num_warps=warps)
 
     def decode_layers(self, *args) -> torch.Tensor:
         return decode_layers(*args, per_sm=self.policy.persistent_per_sm)

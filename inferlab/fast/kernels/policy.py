@@ -207,6 +207,14 @@ class LaunchPolicy:
     # 256-position cache (K and V, 64 KB at head size 64) in one tile, read before the wait, with
     # no combine kernel
     head_warps: int = 4
+    # > 0: a cache of at most this many positions is read by one program a head in a single tile
+    # (the cache's length, rounded up to a power of two: its keys and values loaded before the
+    # wait) of `head_whole_warps` warps, with no ranges and no combine kernel; a longer cache runs
+    # in ranges of `head_range`. On an H100, 256 (8 warps) decoded prompt 128 + 128 new tokens
+    # 2.4-2.8% faster at batches 1 and 4 than 2 ranges of 128 and a combine kernel
+    # (docs/perf/h100/l2-ahead.md); not yet timed on the H200, so off by default.
+    head_whole_cache: int = 0
+    head_whole_warps: int = 8
     # who merges the per-head kernel's ranges: "kernel", `_attention_combine_kernel` after it (one
     # kernel more a layer); "last", the last of each head's ranges to finish, in the same kernel
     # (an atomic count a program instead of a kernel boundary). On the H200 "last" loses: +1.4% at
@@ -279,6 +287,10 @@ class LaunchPolicy:
             raise ValueError(f"sample_candidates must be 0 or more, not {self.sample_candidates}")
         if self.head_warps < 1 or self.head_warps & (self.head_warps - 1):
             raise ValueError(f"head_warps must be a power of two, not {self.head_warps}")
+        if self.head_whole_cache < 0:
+            raise ValueError(f"head_whole_cache must be 0 or more positions, not {self.head_whole_cache}")
+        if self.head_whole_warps < 1 or self.head_whole_warps & (self.head_whole_warps - 1):
+            raise ValueError(f"head_whole_warps must be a power of two, not {self.head_whole_warps}")
         if self.l2_ahead < 0:
             raise ValueError(f"l2_ahead must be 0 or more bytes, not {self.l2_ahead}")
         if self.l2_ahead_from not in ("all", "attention"):
@@ -300,8 +312,18 @@ class LaunchPolicy:
 
     def head_range_for(self, cache_length: int) -> int:
         """Positions per range of the per-head kernel over a cache of `cache_length` positions: 0
-        (no ranges, no combine kernel) where the cache holds no more than one range."""
+        (no ranges, no combine kernel) where the cache holds no more than one range, or is read
+        whole (`head_whole_cache`)."""
+        if cache_length <= self.head_whole_cache:
+            return 0
         return self.head_range if self.head_range and cache_length > self.head_range else 0
+
+    def head_launch_for(self, cache_length: int) -> tuple[int, int, int]:
+        """(positions a tile, positions a range or 0, warps a program) of the per-head kernel over a
+        cache of `cache_length` positions."""
+        if cache_length <= self.head_whole_cache:
+            return 1 << max(cache_length - 1, 0).bit_length(), 0, self.head_whole_warps
+        return self.head_block_t, self.head_range_for(cache_length), self.head_warps
 
     def decode_kernels(self, layers: int, cache_length: int, batch: int = 1) -> int:
         """Kernels in one greedy decode step over a cache of `cache_length` positions: per layer
