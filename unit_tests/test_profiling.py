@@ -122,8 +122,20 @@ def test_whole_steps_run_from_the_first_launch_of_the_closing_kernel_to_its_last
     assert steps == 2 and [e["ts"] for e in kept] == [10.0, 17.0, 27.0, 40.0, 49.0, 57.0]
     assert profiling.kernel_launches(kept, steps) == profiling.kernel_launches(TWO_STEPS, 2)
     assert profiling.whole_steps(TWO_STEPS)[1] == 1  # the first step's start is not known: one whole step
+    assert profiling.whole_steps(WITH_A_PARTIAL_STEP, expected=2)[1] == 2
+    many = [kernel_event("elementwise", float(t), 0.5, [8]) for t in range(12)]  # 12 alike: not step ends
+    assert profiling.whole_steps(many, expected=3) == (many, 0) and profiling.whole_steps(many)[1] == 11
     one = [kernel_event("a", 0.0, 1.0, [1]), kernel_event("b", 2.0, 1.0, [1])]
     assert profiling.whole_steps(one) == (one, 0) and profiling.whole_steps([{"cat": "cpu_op"}]) == ([], 0)
+
+
+def test_the_trace_ranking_adds_a_kernels_grids_over_whole_steps_only():
+    rows, steps = profiling.trace_ranking(WITH_A_PARTIAL_STEP, 2)  # the partial step's 3 us are not counted
+    assert steps == 2 and rows == (profiling.KernelTime("_gemv_tma_kernel", 15.0, 2.0),
+                                   profiling.KernelTime("_greedy_step_kernel", 2.5, 1.0))
+    assert profiling.trace_ranking(TWO_STEPS[:4], 1) == ((), 0)  # one step end: no whole step
+    assert profiling.trace_ranking(WITH_A_PARTIAL_STEP, 5) == ((), 0)  # 2 steps where about 5 were recorded
+    assert profiling._trace_events(b"{not json") == [] and profiling._trace_events(b'{"traceEvents": 3}') == []
 
 
 def test_kernel_launches_keep_each_grid_of_a_kernel_apart_in_launch_order_per_step():

@@ -105,23 +105,26 @@ def _kernel_events(trace_events: Iterable[dict]) -> list[dict]:
                   key=lambda e: e.get("ts", 0.0))
 
 
-def whole_steps(trace_events: Iterable[dict]) -> tuple[list[dict], int]:
+def whole_steps(trace_events: Iterable[dict], expected: int | None = None) -> tuple[list[dict], int]:
     """The kernel events of the whole steps in a trace, and how many there are.
 
     A recorded window may begin in the middle of a step (the profiler's warm-up step leaves
-    kernels in the trace) and its edges do not fall on step boundaries. Every decode step ends
-    with the same kernel (the greedy or sampling step), the last kernel the trace records: the
-    events after its first launch up to its last are whole steps, one per launch between them.
-    With fewer than two launches of it, all the kernel events and 0 steps (unknown)."""
+    kernels in the trace) and its edges do not fall on step boundaries. Every step of the fast
+    engine ends with the same kernel (the greedy or sampling step), the last kernel the trace
+    records: the events after its first launch up to its last are whole steps, one per launch
+    between them. With fewer than two launches of it, or (given the `expected` steps) a count
+    more than one away from it, as where the last kernel is one of many alike in a step (the
+    eager engines' elementwise kernels): all the kernel events and 0 steps (unknown)."""
     kernels = _kernel_events(trace_events)
     if not kernels:
         return [], 0
     last = kernels[-1]
     closing = (last.get("name"), tuple(last.get("args", {}).get("grid", ())))
     ends = [i for i, e in enumerate(kernels) if (e.get("name"), tuple(e.get("args", {}).get("grid", ()))) == closing]
-    if len(ends) < 2:
+    steps = len(ends) - 1
+    if steps < 1 or (expected is not None and abs(steps - expected) > 1):
         return kernels, 0
-    return kernels[ends[0] + 1:ends[-1] + 1], len(ends) - 1
+    return kernels[ends[0] + 1:ends[-1] + 1], steps
 
 
 def kernel_launches(trace_events: Iterable[dict], steps: int) -> tuple[LaunchTime, ...]:
@@ -142,6 +145,35 @@ def kernel_launches(trace_events: Iterable[dict], steps: int) -> tuple[LaunchTim
         previous_end = max(previous_end, end)
     return tuple(LaunchTime(name, grid, us / steps, calls / steps, chain / steps)
                  for (name, grid), (us, calls, chain) in totals.items())
+
+
+def trace_ranking(trace_events: Iterable[dict], expected: int, top: int = KEPT_ROWS) -> tuple[tuple[KernelTime, ...], int]:
+    """Kernels by device time per step, largest first, over the whole steps of a Chrome trace
+    (`whole_steps`, about `expected` of them), and how many steps that is; ((), 0) where they
+    cannot be told. The profiler's own averages count every kernel its window caught, a partial
+    step's included."""
+    kept, steps = whole_steps(trace_events, expected)
+    if not steps:
+        return (), 0
+    totals: dict[str, list[float]] = {}
+    for event in kept:
+        total = totals.setdefault(str(event.get("name", "")), [0.0, 0])
+        total[0] += float(event.get("dur", 0.0))
+        total[1] += 1
+    rows = [KernelTime(name, us / steps, calls / steps) for name, (us, calls) in totals.items()]
+    rows.sort(key=lambda r: (-r.us_per_step, r.name))
+    return tuple(rows[:top]), steps
+
+
+def _trace_events(trace: bytes) -> list:
+    """The `traceEvents` of a Chrome trace's bytes; [] where they cannot be read."""
+    import json
+
+    try:
+        events = json.loads(trace).get("traceEvents", [])
+    except (ValueError, AttributeError):
+        return []
+    return events if isinstance(events, list) else []
 
 
 def _is_device_event(event) -> bool:
@@ -192,9 +224,14 @@ def profile_request(engine, prompt, decode, generator, clock, device: torch.devi
                 engine.run(prompt, decode, generator, marking)
                 marking.finish()
             where = f"decode steps {first}-{first + recorded - 1}"
-        storage.write_bytes_atomic(trace_path, raw.read_bytes())
+        trace = raw.read_bytes()
+        storage.write_bytes_atomic(trace_path, trace)
     events = profiler.key_averages()
-    rows = rank_events(events, on_device, recorded)
+    rows, whole = trace_ranking(_trace_events(trace), recorded) if on_device and picked is not None else ((), 0)
+    if whole:  # the kernels of whole steps: the window also catches part of the step before it
+        recorded, where = whole, f"{where}: {whole} whole steps of the trace"
+    else:
+        rows = rank_events(events, on_device, recorded)
     unit = "kernels" if on_device else "operators"
     if on_device and not rows:  # no kernel events came back (CUPTI unavailable): rank the operators instead
         rows, unit = rank_events(events, False, recorded), "operators"

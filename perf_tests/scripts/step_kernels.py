@@ -12,8 +12,9 @@ launch a kernel starts while the one before it still runs, so device times overl
 waits twice; the added times do not, and sum to the device's busy time. The result JSON (a
 bench's `bench.json`, or a sweep's `results/*.json`) names its trace. The table covers the whole
 steps in it: from the first launch of the step's closing kernel (the last kernel recorded, the
-greedy or sampling step) to its last (`whole_steps`); a trace with fewer than two of them is
-taken whole, over the steps the profile says it recorded.
+greedy or sampling step) to its last (`whole_steps`); a trace where that count is not within
+one of the steps the profile says it recorded (fewer than two such launches, or a closing
+kernel launched many times a step, as in the eager engines) is taken whole, over those steps.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def main() -> int:
         print(f"step_kernels: {trace} is not a Chrome trace with traceEvents; profile again with inferlab bench "
               "--profile", file=sys.stderr)
         return 2
-    kept, steps = whole_steps(events) if isinstance(events, list) else ([], 0)
+    kept, steps = whole_steps(events, summary.steps) if isinstance(events, list) else ([], 0)
     if not steps:  # no step boundary found: every kernel event, over the steps the profile says it recorded
         kept, steps = (events if isinstance(events, list) else []), summary.steps
     rows = kernel_launches(kept, steps)
