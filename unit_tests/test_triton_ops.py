@@ -989,6 +989,11 @@ ENGINE_POLICIES = {
     "stream-tma-4": (4, {"batched": "stream", "rows": {}, "stream_tma": True}, None),
     # the tensor-core kernel the TMA kernel replaced as the default, with its own table
     "tensor-4": (4, {"batched": "tensor", "rows": "TENSOR_ROWS"}, None),
+    # the cache of 32 read whole in one tile of 8 warps, no combine kernel; and the next weights asked of L2
+    "head-whole-1": (1, {"head_whole_cache": 32, "head_block_t": 8, "head_range": 8}, 32),
+    "head-whole-4": (4, {"head_whole_cache": 32}, 32),
+    "l2-ahead-1": (1, {"l2_ahead": 1 << 20}, None),
+    "l2-ahead-4": (4, {"l2_ahead": 1 << 20}, None),
 }
 
 
