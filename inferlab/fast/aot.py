@@ -83,10 +83,11 @@ def _ahead_flags(kernels, shape: tuple[int, int], gated: bool, programs: int, wa
 def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
     """(case, kernel, argument types, constexprs, launch options): each kernel in the shapes the engine launches."""
     bf16, fp32, i32, i64 = _pointer("bf16"), _pointer("fp32"), _pointer("i32"), _pointer("i64")
-    u8 = _pointer("u8")
-    gemv = dict(x_ptr=bf16, w_ptr=bf16, norm_ptr=bf16, res_ptr=bf16, out_ptr=bf16, M="i32", eps="fp32", ahead_ptr=u8)
+    # ahead_ptr: the input (unread) where no weight is asked of L2, the next weight's bytes where one is
+    gemv = dict(x_ptr=bf16, w_ptr=bf16, norm_ptr=bf16, res_ptr=bf16, out_ptr=bf16, M="i32", eps="fp32", ahead_ptr=bf16)
     attention = dict(qkv_ptr=bf16, cos_ptr=bf16, sin_ptr=bf16, pos_ptr=i64, k_ptr=bf16, v_ptr=bf16, out_ptr=bf16,
-                     stride_cm="i32", stride_ch="i32", stride_ct="i32", scale="fp32", ahead_ptr=u8)
+                     stride_cm="i32", stride_ch="i32", stride_ct="i32", scale="fp32", ahead_ptr=bf16)
+    ahead = dict(ahead_ptr=_pointer("u8"))
     split = dict(attention, part_acc_ptr=fp32, part_best_ptr=fp32, part_total_ptr=fp32, arrivals_ptr=i32)
     greedy = dict(logits_ptr=fp32, embed_ptr=bf16, hidden_ptr=bf16, tokens_ptr=i64, out_ptr=i64, pos_ptr=i64,
                   arrivals_ptr=i32, M="i32", out_stride="i32", first_position="i32")
@@ -118,7 +119,7 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
                      BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=True, PDL=True, EARLY=True,
                      **_ahead_flags(kernels, after, after_gated, -(-n // config.block_n), config.num_warps))
         cases.append((f"gemv {n}x{k} tile {config.block_n}x{config.block_k} L2 ahead",
-                      kernels.projections._gemv_kernel, gemv, flags, dict(num_warps=config.num_warps, num_stages=config.num_stages)))
+                      kernels.projections._gemv_kernel, dict(gemv, **ahead), flags, dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     rows = kernels.DEFAULT_POLICY.rows_gemv
     # (n, k, norm, gated, residual, split-K): [q; k; v], [gate; up] and down as the batched step runs them
     # and the same with the first weight tile loaded before the wait (LaunchPolicy(rows_prefetch=True))
@@ -173,7 +174,7 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
     # o asking L2 for [gate; up]'s first 8 MB after its loop (LaunchPolicy(l2_ahead=8 MB))
     case, kernel, types, flags, options = _tma_case(kernels, tma_types, 2048, 2048, False, kernels.TMA_GEMV, 0, label="tma")
     flags.update(_ahead_flags(kernels, (11264, 2048), True, 32 * flags["SPLIT_K"], options["num_warps"]))
-    cases.append((f"{case} L2 ahead", kernel, types, flags, options))
+    cases.append((f"{case} L2 ahead", kernel, dict(types, **ahead), flags, options))
     # and as `perf_tests/scripts/fast_targets.py` launches it beside the default: two stages with
     # each program's tiles (up to 8) asked of L2 before the wait (a program small enough to share
     # an SM with the previous kernel's), and the narrow matrices in tiles of 16 or 32 weight rows
@@ -240,8 +241,8 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         flags = dict(NH=heads, KVH=kv_heads, HD=64, BLOCK_T=kernels.ATTENTION_BLOCK_T, RANGE=128, RANGES=2,
                      G_PAD=g_pad, PDL=True, LAST=False,
                      **_ahead_flags(kernels, (heads * 64, heads * 64), False, heads * 2, 4))
-        cases.append((f"attention {label} 2 ranges of 128, L2 ahead", kernels.attention._attention_decode_kernel, head,
-                      flags, dict(num_warps=4)))
+        cases.append((f"attention {label} 2 ranges of 128, L2 ahead", kernels.attention._attention_decode_kernel,
+                      dict(head, **ahead), flags, dict(num_warps=4)))
         for block_t in (16, 32):
             for combine in (True, False):
                 flags = dict(NH=heads, KVH=kv_heads, HD=64, G=group, G_PAD=g_pad, SPLITS=kernels.MAX_SPLITS,

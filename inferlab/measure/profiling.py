@@ -13,6 +13,7 @@ operators by their own (self) CPU time.
 
 from __future__ import annotations
 
+import json
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -167,8 +168,6 @@ def trace_ranking(trace_events: Iterable[dict], expected: int, top: int = KEPT_R
 
 def _trace_events(trace: bytes) -> list:
     """The `traceEvents` of a Chrome trace's bytes; [] where they cannot be read."""
-    import json
-
     try:
         events = json.loads(trace).get("traceEvents", [])
     except (ValueError, AttributeError):

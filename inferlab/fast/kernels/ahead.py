@@ -39,10 +39,6 @@ class AheadPlan:
     threads: int
     slots: int
 
-    @property
-    def requested(self) -> int:
-        return self.parts * self.part_bytes
-
 
 NO_PLAN = AheadPlan(part_bytes=0, part_stride=0, parts=1, chunk=ALIGN, threads=1, slots=0)
 
@@ -67,9 +63,9 @@ def ahead_plan(weight: torch.Tensor | None, limit: int, programs: int, threads: 
 
 
 def ahead_operands(weight: torch.Tensor | None, plan: AheadPlan, fallback: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """The kernel's byte pointer (a uint8 view of the weight; `fallback` when there is none) and its
-    constexprs."""
-    pointer = weight.view(-1).view(torch.uint8) if plan.slots else fallback.view(-1).view(torch.uint8)
+    """The kernel's pointer (a byte view of the weight; with no requests, `fallback` as it is: the
+    kernel never reads it) and its constexprs."""
+    pointer = weight.view(-1).view(torch.uint8) if plan.slots else fallback
     return pointer, dict(AHEAD_SLOTS=plan.slots, AHEAD_PARTS=plan.parts, AHEAD_BYTES=plan.part_bytes,
                          AHEAD_STRIDE=plan.part_stride, AHEAD_CHUNK=plan.chunk, AHEAD_THREADS=plan.threads)
 

@@ -386,7 +386,7 @@ def gemv(
     if launch.kernel == "tma" and tma_fits(x, weight):
         gemv_tma(operands, flags, config or launch.config or policy.tma_gemv, launch.target_programs,
                  policy.rows_block_m, policy.tma_per_sm, pdl, policy.tma_prefetch, policy.tma_early,
-                 ahead=ahead if policy.l2_ahead else None, ahead_gated=ahead_gated, ahead_limit=policy.l2_ahead)
+                 ahead=ahead, ahead_gated=ahead_gated, ahead_limit=policy.l2_ahead)
         return out
     if launch.kernel == "tma":  # no descriptor for this weight here: the tensor-core kernel
         launch = RowsLaunch("tensor", policy.rows_gemv, policy.rows_target_programs, policy.rows_prefetch)
@@ -394,8 +394,7 @@ def gemv(
     if launch.kernel == "row":
         c = config or launch.config or policy.gemv_config(N, K, gated)
         programs = M * triton.cdiv(N, c.block_n)
-        plan = ahead_plan(ahead if policy.l2_ahead else None, policy.l2_ahead, programs, 32 * c.num_warps,
-                          ahead_gated)
+        plan = ahead_plan(ahead, policy.l2_ahead, programs, 32 * c.num_warps, ahead_gated)
         ahead_ptr, ahead_flags = ahead_operands(ahead, plan, x)
         _gemv_kernel[(programs,)](
             *operands, ahead_ptr, **flags, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
