@@ -669,11 +669,12 @@ def test_a_decode_step_counts_one_kernel_more_a_layer_where_a_second_kernel_merg
 
 @pytest.mark.parametrize("policy", [dict(head_block_t=4, head_range=8), dict(head_block_t=4, head_range=8,
                                                                             head_combine="last"),
-                                    dict(head_block_t=4, head_range=0), dict(attention="split", split_combine="kernel")])
+                                    dict(head_block_t=4, head_range=0), dict(attention="split", split_combine="kernel"),
+                                    dict(attention_o_cache=16)])
 def test_a_greedy_decode_step_launches_as_many_kernels_as_its_policy_counts(kernels, tiny, record_launches, policy):
     launched = record_launches((
         "_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel", "_attention_decode_kernel", "_attention_split_kernel",
-        "_attention_combine_kernel", "_greedy_step_kernel"))
+        "_attention_combine_kernel", "_attention_o_kernel", "_greedy_step_kernel"))
     net = FastLlama(tiny.model)
     cache_length, first = 16, 5
     cache = net.new_cache(1, cache_length)  # two ranges of 8 positions
@@ -994,6 +995,10 @@ ENGINE_POLICIES = {
     "head-whole-4": (4, {"head_whole_cache": 32}, 32),
     "l2-ahead-1": (1, {"l2_ahead": 1 << 20}, None),
     "l2-ahead-4": (4, {"l2_ahead": 1 << 20}, None),
+    # a layer's attention and o projection in one kernel: the cache of 32 read whole before the
+    # wait; and in tiles of 8, the first before the wait, at 2 rows
+    "attention-o-1": (1, {"attention_o_cache": 32, "attention_o_block_n": 16}, 32),
+    "attention-o-tiles-2": (2, {"attention_o_cache": 32, "attention_o_rows": 2, "attention_o_block_t": 8}, 32),
 }
 
 
@@ -1134,7 +1139,8 @@ def test_every_kernel_compiles_for_hopper_without_spilling():
     assert done.returncode == 0, done.stderr[-2000:]
     lines = done.stdout.splitlines()
     for kernel in ("_gemv_kernel", "_gemv_rows_kernel", "_gemv_tma_kernel", "_gemv_batch_kernel", "_attention_decode_kernel",
-                   "_attention_split_kernel", "_attention_combine_kernel", "_greedy_step_kernel", "_sample_step_kernel"):
+                   "_attention_split_kernel", "_attention_combine_kernel", "_attention_o_kernel", "_greedy_step_kernel",
+                   "_sample_step_kernel"):
         assert any(kernel in line for line in lines), kernel
     assert all("local     0 B" in line and "spills in loops 0" in line for line in lines)
     # no spill at all, but for the sampling kernel's once after its loops (aot.SPILLS_ONCE)

@@ -9,7 +9,9 @@ A decode layer is five of them (hidden x [M, H], M = batch, one new token each):
     h    = gemv(x, w13, norm=ffn_norm, gated=True)     # silu(gate) * up, one read of [gate; up]
     x    = gemv(h, w2, residual=x)
 
-and the step ends with `gemv(x, lm_head, norm=final_norm)` and, when greedy, `greedy_step`
+`attention_o` is the second and third lines as one operation (`x = attention_o(qkv, ..., wo,
+residual=x)`, one kernel on the GPU where the launch policy fuses them). The step ends with
+`gemv(x, lm_head, norm=final_norm)` and, when greedy, `greedy_step`
 (argmax, the next input's embedding and the position update in one operation).
 
 Rounding follows transformers' Llama in the weights' dtype: RMSNorm computes in float32, rounds
@@ -103,6 +105,27 @@ def attention_decode(
     q = q.float().reshape(M, num_kv_heads, group, hd)
     probs = torch.softmax(q @ keys.transpose(-1, -2) * hd**-0.5, dim=-1)  # [M, kvh, g, T]
     return (probs @ values).reshape(M, num_heads * hd).to(dtype)
+
+
+def attention_o(
+    qkv: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    wo: torch.Tensor,
+    residual: torch.Tensor,
+    ahead: torch.Tensor | None = None,
+    ahead_gated: bool = False,
+) -> torch.Tensor:
+    """A layer's attention and o projection: residual + `gemv`(`attention_decode`(...), wo) [M, H],
+    the cache written as `attention_decode` writes it. ahead, ahead_gated: the weight a later
+    kernel reads (see `gemv`); no effect on the result."""
+    attended = attention_decode(qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
+    return gemv(attended, wo, residual=residual)
 
 
 def decode_layers(

@@ -110,6 +110,22 @@ class RecordingOps:
                                      dtype_name(out.dtype), fused))
         return out
 
+    def attention_o(self, qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads, wo, residual,
+                    ahead=None, ahead_gated=False):
+        """Recorded as the two operations it is, or as one kernel where the inner policy fuses them."""
+        policy = getattr(self.inner, "policy", None)
+        if policy is None or not policy.attention_o_for(k_cache.shape[2], qkv.shape[0]):
+            attended = self.attention_decode(qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads,
+                                             ahead=wo)
+            return self.gemv(attended, wo, residual=residual, ahead=ahead, ahead_gated=ahead_gated)
+        out = self.inner.attention_o(qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads, wo, residual)
+        fused = (f"attention as attention_decode ({num_heads // num_kv_heads} query heads a KV head), "
+                 f"then the o projection of each head's output and + residual")
+        self.calls.append(KernelCall(self._caches[k_cache.data_ptr()], "attention_o", "attention and o projection",
+                                     tuple(wo.shape), ("H", "nH*D"), tuple(out.shape), ("B", "H"),
+                                     dtype_name(out.dtype), fused))
+        return out
+
     def greedy_step(self, logits, embed, hidden, tokens, out, position, first_position):
         self.inner.greedy_step(logits, embed, hidden, tokens, out, position, first_position)
         self.calls.append(KernelCall(None, "greedy_step", "next token", tuple(logits.shape), ("B", "V"),

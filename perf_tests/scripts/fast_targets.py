@@ -179,6 +179,16 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # tile of 8 warps, longer ones in the default's ranges of 128 (also at the long prompt)
     found += [Case(f"fast b{b} whole256", "fast", model, batch_size=b, launch=(("head_whole_cache", 256),))
               for b in sorted({1, *batch_sizes}) if b == 1 or b >= 4]
+    # a layer's attention and o projection in one kernel (`LaunchPolicy(attention_o_cache=256)`):
+    # one program per query head and block of 256 of o's output rows, of 8 warps (16), the whole
+    # cache read before the wait (its first 128 positions); at 2-8 rows too (the shapes that
+    # compile without spills: `python -m inferlab.fast.aot`)
+    found += [Case(f"fast b1 attention-o{label}", "fast", model,
+                   launch=(("attention_o_cache", 256), *extra))
+              for label, extra in (("", ()), (" w16", (("attention_o_warps", 16),)),
+                                   (" t128", (("attention_o_block_t", 128),)))]
+    found += [Case(f"fast b{b} attention-o", "fast", model, batch_size=b,
+                   launch=(("attention_o_cache", 256), ("attention_o_rows", b))) for b in batch_sizes if 1 < b <= 8]
     # every matrix in the policy-wide batched kernel, without the launches measured per matrix
     # (LaunchPolicy(rows={})): the engine before `MEASURED_ROWS`
     found += [Case(f"fast b{b} rows={{}}", "fast", model, batch_size=b, launch=(("rows", ()),))

@@ -31,6 +31,7 @@ CUDA (or under ``TRITON_INTERPRET=1``, which runs the kernels on the CPU for tes
 
 Modules: `policy` (launch shapes and `LaunchPolicy`, plain data), `launch` (PDL, kept buffers),
 `tiles` (the loads and products the projections share), `projections`, `stream`, `tma`, `attention`,
+`attention_fused` (a layer's attention and o projection in one kernel, `LaunchPolicy(attention_o_cache=...)`),
 `step` (the kernels and their launches), `persistent` (every layer of a batch-1 step in one
 kernel, `LaunchPolicy(persistent=True)`); `Kernels` below binds them to one launch mode and
 policy.
@@ -44,6 +45,7 @@ import torch
 
 from inferlab.fast.kernels.attention import (attention_decode, attention_decode_split, attention_splits,
                                              combine_chunk)
+from inferlab.fast.kernels.attention_fused import attention_o
 from inferlab.fast.kernels.launch import KEPT, kept, multiprocessors, pdl_supported
 from inferlab.fast.kernels.policy import (ATTENTION_BLOCK_T, ATTENTION_KERNELS, DEFAULT_GEMV, DEFAULT_POLICY,
                                           GREEDY_BLOCK_V, GREEDY_WARPS, MAX_SPLITS, MEASURED_GEMV, MEASURED_ROWS,
@@ -64,7 +66,7 @@ __all__ = [
     "KEPT", "MAX_SPLITS", "MEASURED_GEMV", "MEASURED_ROWS", "ROWS_GEMV", "SAMPLE_CANDIDATES", "SAMPLE_MAX_VOCAB",
     "SMOLLM2_GEMV",
     "SPLIT_BLOCK_T", "SPLIT_COMBINES", "SPLIT_POLICY", "SPLIT_POSITIONS", "STREAM_GEMV", "TENSOR_ROWS", "TINYLLAMA_GEMV", "TMA_GEMV", "TMA_HEAD", "Kernels",
-    "LaunchConfig", "LaunchPolicy", "RowsLaunch", "attention_decode", "attention_decode_split", "attention_splits",
+    "LaunchConfig", "LaunchPolicy", "RowsLaunch", "attention_decode", "attention_o", "attention_decode_split", "attention_splits",
     "barrier_errors", "batch_config", "combine_chunk", "decode_layers", "gemv", "gemv_config", "greedy_step",
     "kept", "multiprocessors", "pdl_supported", "resident_programs", "rms_columns", "rows_split_k",
     "sample_kernel_fits", "sample_step", "sample_step_split", "sample_warps", "SPLIT_CHUNK", "split_fits", "split_phases", "split_programs",
@@ -96,6 +98,19 @@ class Kernels:
         return attention_decode(*operands, block_t=block_t, pdl=self.pdl, range_positions=range_positions,
                                 combine=policy.head_combine, ahead=ahead, ahead_limit=policy.l2_ahead,
                                 num_warps=warps)
+
+    def attention_o(self, qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads, wo, residual,
+                    ahead: torch.Tensor | None = None, ahead_gated: bool = False) -> torch.Tensor:
+        """A layer's attention and o projection: one kernel where the policy fuses them
+        (`LaunchPolicy.attention_o_for`), else the attention kernel(s) and o's projection."""
+        policy, cache_length = self.policy, k_cache.shape[2]
+        operands = (qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
+        if policy.attention_o_for(cache_length, qkv.shape[0]):
+            block_t = min(1 << max(cache_length - 1, 0).bit_length(), policy.attention_o_block_t)
+            return attention_o(*operands, wo, residual, block_n=policy.attention_o_block_n, block_t=block_t,
+                               num_warps=policy.attention_o_warps, pdl=self.pdl)
+        attended = self.attention_decode(*operands, ahead=wo)
+        return self.gemv(attended, wo, residual=residual, ahead=ahead, ahead_gated=ahead_gated)
 
     def decode_layers(self, *args) -> torch.Tensor:
         return decode_layers(*args, per_sm=self.policy.persistent_per_sm)

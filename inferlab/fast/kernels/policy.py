@@ -215,6 +215,17 @@ class LaunchPolicy:
     # (docs/perf/h100/l2-ahead.md); not yet timed on the H200, so off by default.
     head_whole_cache: int = 0
     head_whole_warps: int = 8
+    # > 0: at up to `attention_o_rows` rows, over a cache of at most this many positions, a layer's
+    # attention and o projection run as one kernel (`attention_o`): one program per query head and
+    # block of `attention_o_block_n` of o's output rows, of `attention_o_warps` warps, o's weight
+    # slice and the cache's first `attention_o_block_t` positions (at most: the cache's length
+    # rounded up to a power of two) loaded before the wait, the heads' partial sums added by the
+    # last to arrive. A layer is then four kernels. 0: off.
+    attention_o_cache: int = 0
+    attention_o_rows: int = 1
+    attention_o_block_n: int = 256
+    attention_o_block_t: int = 256
+    attention_o_warps: int = 8
     # who merges the per-head kernel's ranges: "kernel", `_attention_combine_kernel` after it (one
     # kernel more a layer); "last", the last of each head's ranges to finish, in the same kernel
     # (an atomic count a program instead of a kernel boundary). On the H200 "last" loses: +1.4% at
@@ -291,6 +302,13 @@ class LaunchPolicy:
             raise ValueError(f"head_whole_cache must be 0 or more positions, not {self.head_whole_cache}")
         if self.head_whole_warps < 1 or self.head_whole_warps & (self.head_whole_warps - 1):
             raise ValueError(f"head_whole_warps must be a power of two, not {self.head_whole_warps}")
+        if self.attention_o_cache < 0 or self.attention_o_rows < 1:
+            raise ValueError(f"attention_o_cache must be 0 or more positions and attention_o_rows 1 or more, not "
+                             f"{self.attention_o_cache} and {self.attention_o_rows}")
+        for name in ("attention_o_block_n", "attention_o_block_t", "attention_o_warps"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"{name} must be a power of two, not {value}")
         if self.l2_ahead < 0:
             raise ValueError(f"l2_ahead must be 0 or more bytes, not {self.l2_ahead}")
         if self.l2_ahead_from not in ("all", "attention"):
@@ -325,13 +343,21 @@ class LaunchPolicy:
             return 1 << max(cache_length - 1, 0).bit_length(), 0, self.head_whole_warps
         return self.head_block_t, self.head_range_for(cache_length), self.head_warps
 
+    def attention_o_for(self, cache_length: int, rows: int) -> bool:
+        """Whether a layer's attention and o projection run as one kernel over a cache of
+        `cache_length` positions at `rows` rows."""
+        return cache_length <= self.attention_o_cache and rows <= self.attention_o_rows
+
     def decode_kernels(self, layers: int, cache_length: int, batch: int = 1) -> int:
         """Kernels in one greedy decode step over a cache of `cache_length` positions: per layer
         the four projections and the attention, plus a combine kernel where one merges the
         attention's ranges; then the LM head and the greedy step kernel. With `persistent` at
-        batch 1, one kernel for all the layers instead."""
+        batch 1, one kernel for all the layers instead; with the attention and o in one kernel
+        (`attention_o_for`), four a layer."""
         if self.persistent and batch == 1:
             return 3
+        if self.attention_o_for(cache_length, batch):
+            return layers * 4 + 2
         if self.attention_for(cache_length) == "split":
             combine = self.split_combine == "kernel"
         else:
