@@ -53,8 +53,9 @@ def assert_close_to(ours, expected):
 # the cache read whole before the wait; its first 4 positions there and the rest after, 4 at a time
 @pytest.mark.parametrize("block_t", [16, 4])
 @pytest.mark.parametrize("M", [1, 2])
+@pytest.mark.parametrize("registers", [0, 64])  # 64: ptxas caps a thread's registers and spills the rest
 def test_the_kernel_computes_attention_then_o_with_the_residual_and_writes_the_cache(kernels, dtype, hidden, block_n,
-                                                                                      block_t, M):
+                                                                                      block_t, M, registers):
     heads, kv_heads, hd, T = 4, 2, 16, 16
     qkv, cos, sin, k_cache, v_cache, wo, residual = layer_inputs(M, heads, kv_heads, hd, T, hidden, dtype)
     expected_k, expected_v = k_cache.clone(), v_cache.clone()
@@ -62,7 +63,7 @@ def test_the_kernel_computes_attention_then_o_with_the_residual_and_writes_the_c
         at = torch.tensor([position], device=DEVICE)
         expected = decode_ops.attention_o(qkv, cos, sin, at, expected_k, expected_v, heads, kv_heads, wo, residual)
         ours = kernels.attention_o(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads, wo, residual,
-                                   block_n=block_n, block_t=block_t, num_warps=4)
+                                   block_n=block_n, block_t=block_t, num_warps=4, registers=registers)
         assert_close_to(ours, expected)
         assert_close_to(k_cache, expected_k)
         assert torch.equal(v_cache, expected_v)
@@ -98,6 +99,8 @@ def test_the_policy_fuses_attention_and_o_up_to_its_cache_length_and_rows(kernel
             kernels.LaunchPolicy(**{name: value})
     with pytest.raises(ValueError, match="attention_o_cache must be 0 or more positions"):
         kernels.LaunchPolicy(attention_o_cache=-1)
+    with pytest.raises(ValueError, match="attention_o_registers must be 0"):
+        kernels.LaunchPolicy(attention_o_registers=-1)
     launched = record_launches(("_attention_o_kernel", "_attention_decode_kernel", "_gemv_kernel"))
     heads, kv_heads, hd, hidden = 4, 2, 16, 32
     ops = kernels.Kernels(policy=kernels.LaunchPolicy(attention_o_cache=16, attention_o_block_n=16))

@@ -42,7 +42,8 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b8 l2 ahead 24M", "fast b8 l2 ahead 8M attention",
         "fast b1 t256 w8", "fast b4 t256 w8", "fast b8 t256 w8",
         "fast b1 whole256", "fast b4 whole256", "fast b8 whole256",
-        "fast b1 attention-o", "fast b1 attention-o w16", "fast b1 attention-o t128", "fast b4 attention-o",
+        "fast b1 attention-o", "fast b1 attention-o w16", "fast b1 attention-o t128",
+        "fast b1 attention-o n512 t64 w16", "fast b1 attention-o r128", "fast b4 attention-o",
         "fast b8 attention-o",
         "fast b4 rows={}", "fast b8 rows={}", "fast b4 stream per matrix", "fast b8 stream per matrix",
         "fast b4 stream down+o", "fast b8 stream down+o", "fast b4 tensor", "fast b8 tensor", "fast b4 tma 2/SM",
@@ -148,6 +149,7 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     fused = script.launch_policy(made["fast b1 attention-o"].launch)
     assert fused.attention_o_for(256, 1) and not fused.attention_o_for(257, 1) and fused.decode_kernels(22, 256) == 22 * 4 + 2
     assert script.launch_policy(made["fast b1 attention-o w16"].launch).attention_o_warps == 16
+    assert script.launch_policy(made["fast b1 attention-o r128"].launch).attention_o_registers == 128
     assert script.launch_policy(made["fast b1 attention-o t128"].launch).attention_o_block_t == 128
     assert script.launch_policy(made["fast b4 attention-o"].launch).attention_o_for(256, 4)
 
@@ -178,7 +180,7 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast prompt 24 whole256",
                                      "fast b4 gate/up k128 s3 2/SM", "fast b4 o rowwise k-whole",
                                      "fast b4 qkv+o rowwise k-whole",
-                                     *(f"fast b1 attention-o{v}" for v in ("", " w16", " t128")),
+                                     *(f"fast b1 attention-o{v}" for v in ("", " w16", " t128", " n512 t64 w16", " r128")),
                                      "fast b2 attention-o", "fast b4 attention-o",
                                      "fast sampled", "fast sampled bisection", "fast sampled split",
                                      "fast sampled torch"}

@@ -997,7 +997,7 @@ ENGINE_POLICIES = {
     "l2-ahead-4": (4, {"l2_ahead": 1 << 20}, None),
     # a layer's attention and o projection in one kernel: the cache of 32 read whole before the
     # wait; and in tiles of 8, the first before the wait, at 2 rows
-    "attention-o-1": (1, {"attention_o_cache": 32, "attention_o_block_n": 16}, 32),
+    "attention-o-1": (1, {"attention_o_cache": 32, "attention_o_block_n": 16, "attention_o_registers": 64}, 32),
     "attention-o-tiles-2": (2, {"attention_o_cache": 32, "attention_o_rows": 2, "attention_o_block_t": 8}, 32),
 }
 

@@ -244,11 +244,12 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         cases.append((f"attention {label} 2 ranges of 128, L2 ahead", kernels.attention._attention_decode_kernel,
                       dict(head, **ahead), flags, dict(num_warps=4)))
         # the attention and o in one kernel (LaunchPolicy(attention_o_cache=256)): o's rows in blocks of
-        # 256, the whole cache (or its first 128 positions) read before the wait, 8 or 16 warps. Blocks
-        # of 128 or 512 rows spill at 4, 8 and 16 warps (128 at 8 warps over 128 positions too)
+        # 256, the whole cache (or its first 128 positions) read before the wait, 8 or 16 warps; and of
+        # 512 at 16 warps over 64 positions. Blocks of 128 spill at 4, 8 and 16 warps, of 512 over 128
+        # positions or more. `attention_o_registers=128` spills 280 bytes once: measured, not checked here
         fused = dict({k: v for k, v in attention.items() if k != "ahead_ptr"}, wo_ptr=bf16, res_ptr=bf16, part_ptr=fp32,
                      arrivals_ptr=i32)
-        for block_n, block_t, warps in ((256, 256, 8), (256, 256, 16), (256, 128, 8)):
+        for block_n, block_t, warps in ((256, 256, 8), (256, 256, 16), (256, 128, 8), (512, 64, 16)):
             flags = dict(N=heads * 64, NH=heads, NH_PAD=1 << (heads - 1).bit_length(), KVH=kv_heads, HD=64,
                          BLOCK_T=block_t, BLOCK_N=block_n, PDL=True)
             cases.append((f"attention and o {label}, o rows {block_n}, {block_t} positions, {warps} warps",

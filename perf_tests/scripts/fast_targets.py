@@ -181,12 +181,17 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
               for b in sorted({1, *batch_sizes}) if b == 1 or b >= 4]
     # a layer's attention and o projection in one kernel (`LaunchPolicy(attention_o_cache=256)`):
     # one program per query head and block of 256 of o's output rows, of 8 warps (16), the whole
-    # cache read before the wait (its first 128 positions); at 2-8 rows too (the shapes that
-    # compile without spills: `python -m inferlab.fast.aot`)
+    # cache read before the wait (its first 128 positions); at 2-8 rows too. At 8 warps a program
+    # takes 254 registers a thread, a whole SM's: its 256 programs run in two waves on 132 SMs.
+    # In one wave: 128 programs of 512 rows and 16 warps, the first 64 positions read before the
+    # wait; or 128 registers a thread (280 bytes spilled once), two programs an SM
     found += [Case(f"fast b1 attention-o{label}", "fast", model,
                    launch=(("attention_o_cache", 256), *extra))
               for label, extra in (("", ()), (" w16", (("attention_o_warps", 16),)),
-                                   (" t128", (("attention_o_block_t", 128),)))]
+                                   (" t128", (("attention_o_block_t", 128),)),
+                                   (" n512 t64 w16", (("attention_o_block_n", 512), ("attention_o_block_t", 64),
+                                                      ("attention_o_warps", 16))),
+                                   (" r128", (("attention_o_registers", 128),)))]
     found += [Case(f"fast b{b} attention-o", "fast", model, batch_size=b,
                    launch=(("attention_o_cache", 256), ("attention_o_rows", b))) for b in batch_sizes if 1 < b <= 8]
     # every matrix in the policy-wide batched kernel, without the launches measured per matrix

@@ -108,7 +108,8 @@ class Kernels:
         if policy.attention_o_for(cache_length, qkv.shape[0]):
             block_t = min(1 << max(cache_length - 1, 0).bit_length(), policy.attention_o_block_t)
             return attention_o(*operands, wo, residual, block_n=policy.attention_o_block_n, block_t=block_t,
-                               num_warps=policy.attention_o_warps, pdl=self.pdl)
+                               num_warps=policy.attention_o_warps, registers=policy.attention_o_registers,
+                               pdl=self.pdl)
         attended = self.attention_decode(*operands, ahead=wo)
         return self.gemv(attended, wo, residual=residual, ahead=ahead, ahead_gated=ahead_gated)
 

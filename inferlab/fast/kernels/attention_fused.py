@@ -106,13 +106,15 @@ def attention_o(
     block_n: int = 256,
     block_t: int | None = None,
     num_warps: int = 8,
+    registers: int = 0,
     pdl: bool | None = None,
 ) -> torch.Tensor:
     """Same contract as `inferlab.fast.spec.attention_o`: residual + o(attention(qkv)) [M, H].
 
     `block_t`: cached positions read before the wait (default: the cache's length, rounded up
     to a power of two: all of it); positions past them are read after, `block_t` at a time.
-    `block_n`: o's output rows a program. `num_warps`: warps a program.
+    `block_n`: o's output rows a program. `num_warps`: warps a program. `registers` > 0: at most
+    that many registers a thread (ptxas's maxnreg), so that more programs fit on an SM.
     """
     M, hd = qkv.shape[0], k_cache.shape[-1]
     N = wo.shape[0]
@@ -130,6 +132,7 @@ def attention_o(
         qkv, cos, sin, position, k_cache, v_cache, wo, residual, out, part, arrivals,
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), hd**-0.5,
         N=N, NH=num_heads, NH_PAD=triton.next_power_of_2(num_heads), KVH=num_kv_heads, HD=hd, BLOCK_T=block_t,
-        BLOCK_N=block_n, PDL=pdl, num_warps=num_warps, **_launch_options(pdl),
+        BLOCK_N=block_n, PDL=pdl, num_warps=num_warps, **({"maxnreg": registers} if registers else {}),
+        **_launch_options(pdl),
     )
     return out

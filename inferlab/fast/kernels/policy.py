@@ -220,12 +220,14 @@ class LaunchPolicy:
     # block of `attention_o_block_n` of o's output rows, of `attention_o_warps` warps, o's weight
     # slice and the cache's first `attention_o_block_t` positions (at most: the cache's length
     # rounded up to a power of two) loaded before the wait, the heads' partial sums added by the
-    # last to arrive. A layer is then four kernels. 0: off.
+    # last to arrive. A layer is then four kernels. 0: off. `attention_o_registers` > 0 caps a
+    # thread's registers (ptxas spills the rest), so that more programs share an SM.
     attention_o_cache: int = 0
     attention_o_rows: int = 1
     attention_o_block_n: int = 256
     attention_o_block_t: int = 256
     attention_o_warps: int = 8
+    attention_o_registers: int = 0
     # who merges the per-head kernel's ranges: "kernel", `_attention_combine_kernel` after it (one
     # kernel more a layer); "last", the last of each head's ranges to finish, in the same kernel
     # (an atomic count a program instead of a kernel boundary). On the H200 "last" loses: +1.4% at
@@ -302,6 +304,9 @@ class LaunchPolicy:
             raise ValueError(f"head_whole_cache must be 0 or more positions, not {self.head_whole_cache}")
         if self.head_whole_warps < 1 or self.head_whole_warps & (self.head_whole_warps - 1):
             raise ValueError(f"head_whole_warps must be a power of two, not {self.head_whole_warps}")
+        if self.attention_o_registers < 0:
+            raise ValueError(f"attention_o_registers must be 0 (the compiler's choice) or more, not "
+                             f"{self.attention_o_registers}")
         if self.attention_o_cache < 0 or self.attention_o_rows < 1:
             raise ValueError(f"attention_o_cache must be 0 or more positions and attention_o_rows 1 or more, not "
                              f"{self.attention_o_cache} and {self.attention_o_rows}")
