@@ -59,7 +59,8 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast prompt 1920", "fast prompt 1920 whole256", "fast prompt 1920 prefill as before",
         "fast sampled",
         "fast sampled bisection", "fast sampled split", "fast sampled torch", "fast small",
-        "fast small no early_loads", "fast small default shapes", "fast small persistent", "fast small l2 ahead 8M"]
+        "fast small no early_loads", "fast small default shapes", "fast small persistent", "fast small l2 ahead 8M",
+        "fast small attention-o"]
     launch = {case.name: case.launch for case in made}
     assert launch["fast sampled torch"] == (("sampling", "torch"),) and not launch["fast b1"]
     assert not launch["fast sampled"] and launch["fast b4 rows={}"] == (("rows", ()),)

@@ -271,7 +271,9 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
                   Case(f"fast {small_model} default shapes", "fast", small_model, launch=(("gemv", gemv),)),
                   # every layer in one persistent kernel, grid barriers between its phases
                   Case(f"fast {small_model} persistent", "fast", small_model, launch=(("persistent", True),)),
-                  Case(f"fast {small_model} l2 ahead 8M", "fast", small_model, launch=(("l2_ahead", 8 << 20),))]
+                  Case(f"fast {small_model} l2 ahead 8M", "fast", small_model, launch=(("l2_ahead", 8 << 20),)),
+                  # four kernels a layer instead of five or six: attention and o in one
+                  Case(f"fast {small_model} attention-o", "fast", small_model, launch=(("attention_o_cache", 256),))]
     return found
 
 
