@@ -111,3 +111,22 @@ def test_the_policy_fuses_attention_and_o_up_to_its_cache_length_and_rows(kernel
                                           residual)
         assert_close_to(ops.attention_o(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads, wo, residual), expected)
     assert launched == ["_attention_o_kernel", "_attention_decode_kernel", "_gemv_kernel"]
+
+
+def test_the_step_trace_shows_attention_and_o_as_one_kernel_where_the_policy_fuses_them(kernels, tiny):
+    from inferlab.fast.engine import FastLlama
+    from inferlab.look.fast_trace import RecordingOps
+    from inferlab.model.registry import load_model
+
+    net = FastLlama(tiny.model if DEVICE.type == "cpu" else load_model("tiny-random", DEVICE, torch.float32).model)
+    layers = len(net.layers)
+    results = []
+    for policy, layer in ((kernels.LaunchPolicy(attention_o_cache=16), ["gemv", "attention_o", "gemv", "gemv"]),
+                          (kernels.DEFAULT_POLICY, ["gemv", "attention_decode", "gemv", "gemv", "gemv"])):
+        cache = net.new_cache(1, 16)
+        ops = RecordingOps(kernels.Kernels(pdl=False, policy=policy), net, cache)
+        results.append(net.decode(torch.tensor([[3]], device=DEVICE), torch.tensor([5], device=DEVICE), cache, ops))
+        assert [call.kernel for call in ops.calls] == layer * layers + ["gemv"]
+        fused = [call for call in ops.calls if call.kernel == "attention_o"]
+        assert all(call.role == "attention and o projection" and call.output == (1, 64) for call in fused)
+    torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-5)
