@@ -36,6 +36,7 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b1 prefill as before",
         "fast b1 l2 ahead 8M", "fast b1 l2 ahead 24M", "fast b1 l2 ahead 8M attention", "fast b1 o k-whole",
         "fast b1 o n4 k-whole", "fast b1 qkv+o k-whole", "fast b1 qkv+o+down k-whole", "fast b4", "fast b8",
+        "fast b1 previous defaults", "fast b4 previous defaults",
         "fast b4 gate/up k128 s3 2/SM", "fast b8 gate/up k128 s3 2/SM", "fast b4 o rowwise k-whole",
         "fast b4 qkv+o rowwise k-whole", "fast b8 o rowwise k-whole", "fast b8 qkv+o rowwise k-whole",
         "fast b4 l2 ahead 8M", "fast b4 l2 ahead 24M", "fast b4 l2 ahead 8M attention", "fast b8 l2 ahead 8M",
@@ -113,7 +114,8 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert before.rows_launch(2560, 2048, False, 4).kernel == "cuda" and before.rows_launch(5632, 2048, True, 4).kernel == "tensor"
     assert script.launch_policy(made["fast b4 tma 2/SM"].launch).tma_per_sm == 2
     stream_tma = script.launch_policy(made["fast b4 stream tma 1/SM"].launch)
-    assert stream_tma.stream_tma and stream_tma.stream_per_sm == 1 and stream_tma.rows_launch(2048, 2048, False, 4).kernel == "stream"
+    assert stream_tma.stream_tma and stream_tma.stream_per_sm == 1 and stream_tma.rows_launch(2560, 2048, False, 4).kernel == "stream"
+    assert stream_tma.rows_launch(2048, 2048, False, 4) == kernels.MEASURED_ROWS[2048, 2048, False, 4]  # measured: kept
     assert stream_tma.rows_launch(32000, 2048, False, 4) == kernels.MEASURED_ROWS[32000, 2048, False, 4]
     narrow = script.launch_policy(made["fast b4 tma narrow n16"].launch)
     assert narrow.rows_launch(2048, 5632, False, 4) == kernels.RowsLaunch("tma", kernels.LaunchConfig(16, 256, 4, 4))
@@ -147,6 +149,12 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     rowwise = script.launch_policy(made["fast b4 qkv+o rowwise k-whole"].launch)
     assert rowwise.rows_launch(2560, 2048, False, 4) == kernels.RowsLaunch("rowwise", kernels.LaunchConfig(2, 2048, 4, 1))
     assert rowwise.rows_launch(2048, 5632, False, 4) == kernels.DEFAULT_POLICY.rows_launch(2048, 5632, False, 4)
+    before = script.launch_policy(made["fast b4 previous defaults"].launch)
+    assert before.head_launch_for(256, 4) == (kernels.ATTENTION_BLOCK_T, 128, 4) != kernels.DEFAULT_POLICY.head_launch_for(256, 4)
+    assert before.rows_launch(2048, 2048, False, 4).kernel == "tma" and kernels.DEFAULT_POLICY.rows_launch(
+        2048, 2048, False, 4).kernel == "rowwise"
+    assert before.rows_launch(32000, 2048, False, 4) == kernels.MEASURED_ROWS[32000, 2048, False, 4]
+    assert script.launch_policy(made["fast b1 previous defaults"].launch).head_launch_for(256) == (128, 128, 4)
     fused = script.launch_policy(made["fast b1 attention-o"].launch)
     assert fused.attention_o_for(256, 1) and not fused.attention_o_for(257, 1) and fused.decode_kernels(22, 256) == 22 * 4 + 2
     assert script.launch_policy(made["fast b1 attention-o w16"].launch).attention_o_warps == 16
@@ -182,7 +190,8 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast b4 gate/up k128 s3 2/SM", "fast b4 o rowwise k-whole",
                                      "fast b4 qkv+o rowwise k-whole",
                                      *(f"fast b1 attention-o{v}" for v in ("", " w16", " t128", " n512 t64 w16", " r128")),
-                                     "fast b2 attention-o", "fast b4 attention-o",
+                                     "fast b2 attention-o", "fast b4 attention-o", "fast b1 previous defaults",
+                                     "fast b2 previous defaults", "fast b4 previous defaults",
                                      "fast sampled", "fast sampled bisection", "fast sampled split",
                                      "fast sampled torch"}
     assert all(len(result["runs"]) == 2 for result in saved["results"].values()) and not saved["failed"]

@@ -45,7 +45,9 @@ def test_the_step_shapes_and_variants_are_read_in_order(kernel_configs):
         ("head", "matmul", "model"), ("ranges128", "flash", "layer")]
     # "head" is the kernel without ranges, as the engine ran before ranges became the default
     assert kernel_configs.STEP_ATTENTION["head"].head_range == 0
-    assert kernel_configs.STEP_ATTENTION["ranges128"] == kernel_configs.ops.DEFAULT_POLICY
+    # "ranges128": the default's ranges at every cache length (the default reads a cache of up to
+    # 256 positions in one tile)
+    assert kernel_configs.STEP_ATTENTION["ranges128"] == kernel_configs.ops.LaunchPolicy(head_whole_cache=0)
     # "-static": the prefill compiled for each shape, as before the engine prepared once per model
     assert kernel_configs.step_variants("head/matmul/model-static") == [("head", "matmul", "model-static")]
     assert kernel_configs.compile_scope("model-static") == ("model", True)

@@ -121,7 +121,7 @@ def test_the_attention_asking_for_o_computes_the_same_bits_and_cache(dtype):
     results = []
     for limit in (0, 1 << 20):
         k, v = draw(1, kv_heads, cache, hd, dtype=dtype, seed=5), draw(1, kv_heads, cache, hd, dtype=dtype, seed=6)
-        ops = kernels.Kernels(policy=kernels.LaunchPolicy(head_block_t=32, head_range=64, l2_ahead=limit))
+        ops = kernels.Kernels(policy=kernels.LaunchPolicy(head_block_t=32, head_range=64, head_whole_cache=0, l2_ahead=limit))
         results.append((ops.attention_decode(qkv, cos, sin, position, k, v, heads, kv_heads, ahead=wo), k, v))
     (plain, k0, v0), (asked, k1, v1) = results
     assert torch.equal(plain, asked) and torch.equal(k0, k1) and torch.equal(v0, v1)

@@ -43,7 +43,7 @@ def test_each_barrier_separated_phase_reads_what_the_phase_before_wrote(script):
 
 
 def test_the_step_floor_counts_every_kernel_and_every_byte(script):
-    assert [script.POLICIES[p].decode_kernels(30, script.CACHE_LENGTH) for p in script.POLICIES] == [182, 152]
+    assert [script.POLICIES[p].decode_kernels(30, script.CACHE_LENGTH) for p in script.POLICIES] == [152, 182]
     # 152 boundaries of 1 us, and 270 MB at 3 TB/s (0.09 ms)
     assert script.step_floor_ms(152, 1.0, 270_000_000, 3e12) == pytest.approx(0.152 + 0.09)
 

@@ -625,7 +625,7 @@ def test_the_launch_policy_chooses_the_attention_kernel_and_its_ranges(kernels, 
         monkeypatch.setattr(kernels, name, lambda *a, name=name, **k: launched.append(
             (name, k.get("splits"), k.get("combine"), k.get("block_t"), k.get("range_positions"))))
     cache = torch.zeros(1, 2, 512, 16)
-    operands = (None, None, None, None, cache, cache, 4, 2)
+    operands = (torch.zeros(1, 128), None, None, None, cache, cache, 4, 2)  # one row
     kernels.Kernels().attention_decode(*operands)
     kernels.Kernels(policy=kernels.LaunchPolicy(attention="split")).attention_decode(*operands)
     kernels.Kernels(policy=kernels.LaunchPolicy(attention="split", split_positions=128)).attention_decode(*operands)
@@ -660,17 +660,21 @@ def test_a_decode_step_counts_one_kernel_more_a_layer_where_a_second_kernel_merg
     kernel; six a layer where a combine kernel merges the attention's ranges."""
     policy, layers = kernels.DEFAULT_POLICY, 22
     assert policy.decode_kernels(layers, 128) == 22 * 5 + 2  # one range: no combine
-    assert policy.decode_kernels(layers, 256) == 22 * 6 + 2  # two ranges of 128, merged by a second kernel
-    assert kernels.LaunchPolicy(head_combine="last").decode_kernels(layers, 256) == 22 * 5 + 2
+    assert policy.decode_kernels(layers, 256) == 22 * 5 + 2  # read in one tile (head_whole_cache) at up to 4 rows
+    assert policy.decode_kernels(layers, 256, batch=8) == 22 * 6 + 2  # two ranges of 128, merged by a second kernel
+    assert policy.decode_kernels(layers, 257) == 22 * 6 + 2  # longer than one tile: three ranges
+    ranges = kernels.LaunchPolicy(head_whole_cache=0)
+    assert ranges.decode_kernels(layers, 256) == 22 * 6 + 2
+    assert kernels.LaunchPolicy(head_whole_cache=0, head_combine="last").decode_kernels(layers, 256) == 22 * 5 + 2
     assert kernels.LaunchPolicy(head_range=0).decode_kernels(layers, 2048) == 22 * 5 + 2
     assert kernels.LaunchPolicy(attention="split").decode_kernels(layers, 256) == 22 * 5 + 2  # merged by the last
     assert kernels.LaunchPolicy(attention="split", split_combine="kernel").decode_kernels(layers, 256) == 22 * 6 + 2
 
 
-@pytest.mark.parametrize("policy", [dict(head_block_t=4, head_range=8), dict(head_block_t=4, head_range=8,
-                                                                            head_combine="last"),
+@pytest.mark.parametrize("policy", [dict(head_block_t=4, head_range=8, head_whole_cache=0),
+                                    dict(head_block_t=4, head_range=8, head_whole_cache=0, head_combine="last"),
                                     dict(head_block_t=4, head_range=0), dict(attention="split", split_combine="kernel"),
-                                    dict(attention_o_cache=16)])
+                                    dict(attention_o_cache=16), {}])  # {}: the default, the cache in one tile
 def test_a_greedy_decode_step_launches_as_many_kernels_as_its_policy_counts(kernels, tiny, record_launches, policy):
     launched = record_launches((
         "_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel", "_attention_decode_kernel", "_attention_split_kernel",
@@ -708,13 +712,17 @@ def test_a_cache_in_one_tile_of_8_warps_attends_as_specified_without_a_combine_k
 
 
 def test_head_whole_cache_reads_short_caches_in_one_tile_and_longer_ones_in_ranges(kernels, record_launches):
-    policy = kernels.LaunchPolicy(head_whole_cache=256)
-    assert policy.head_launch_for(256) == (256, 0, 8) and policy.head_launch_for(200) == (256, 0, 8)
-    assert policy.head_launch_for(257) == (kernels.ATTENTION_BLOCK_T, 128, 4) == kernels.DEFAULT_POLICY.head_launch_for(257)
-    assert kernels.DEFAULT_POLICY.head_launch_for(256) == (128, 128, 4)  # off by default: 2 ranges and a combine
+    policy = kernels.DEFAULT_POLICY  # 256 positions at up to 4 rows (docs/perf/h100/attention-o.md)
+    assert (policy.head_whole_cache, policy.head_whole_rows) == (256, 4)
+    assert policy.head_launch_for(256) == (256, 0, 8) and policy.head_launch_for(200, 4) == (256, 0, 8)
+    assert policy.head_launch_for(257) == (kernels.ATTENTION_BLOCK_T, 128, 4) == policy.head_launch_for(256, 5)
+    assert kernels.LaunchPolicy(head_whole_cache=0).head_launch_for(256) == (128, 128, 4)  # off: 2 ranges, a combine
+    assert kernels.LaunchPolicy(head_whole_rows=16).head_launch_for(256, 16) == (256, 0, 8)
     assert policy.decode_kernels(22, 256) == 22 * 5 + 2 and policy.decode_kernels(22, 2048) == 22 * 6 + 2
     with pytest.raises(ValueError, match="head_whole_warps must be a power of two, not 3"):
         kernels.LaunchPolicy(head_whole_warps=3)
+    with pytest.raises(ValueError, match="head_whole_rows must be 1 or more, not 0"):
+        kernels.LaunchPolicy(head_whole_rows=0)
     M, heads, kv_heads, hd = 1, 4, 2, 16
     launched = record_launches(("_attention_decode_kernel", "_attention_combine_kernel"))
     ops = kernels.Kernels(policy=kernels.LaunchPolicy(head_whole_cache=16, head_block_t=4, head_range=8))
@@ -976,10 +984,11 @@ ENGINE_POLICIES = {
     "auto-attention-4": (4, {"attention": "auto", "split_min_cache": 8}, None),
     # the attention variants merged by the combine kernel
     "split-combine-kernel-4": (4, {"attention": "split", "split_combine": "kernel"}, None),
-    "head-ranges-4": (4, {"head_block_t": 8, "head_range": 8}, 32),
+    "head-ranges-4": (4, {"head_block_t": 8, "head_range": 8, "head_whole_cache": 0}, 32),
     "rows-prefetch-2": (2, {"batched": "tensor", "rows_min_batch": 2, "rows_prefetch": True}, None),
     "early-loads-1": (1, {"early_loads": True}, None),
-    "head-ranges-last-1": (1, {"head_block_t": 8, "head_range": 8, "head_combine": "last"}, 32),
+    "head-ranges-last-1": (1, {"head_block_t": 8, "head_range": 8, "head_combine": "last", "head_whole_cache": 0},
+                           32),
     "wide-rms-2": (2, {"batched": "tensor", "rows_min_batch": 2, "wide_rms": True}, None),
     "cuda-batch-early-wide-2": (2, {"batched": "cuda", "wide_rms": True, "early_loads": True}, None),
     "rowwise-2": (2, {"batched": "rowwise"}, None),

@@ -156,6 +156,12 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
               for label, names in (("o", ("o",)), ("o n4", ("o n4",)), ("qkv+o", ("qkv", "o")),
                                    ("qkv+o+down", ("qkv", "o", "down")))]
     found += [Case(f"fast b{b}", "fast", model, batch_size=b) for b in batch_sizes if b != 1]
+    # the defaults before a cache of up to 256 positions was read in one tile at up to 4 rows
+    # (`head_whole_cache`, `head_whole_rows`) and o ran one row at a time at 4 rows (`MEASURED_ROWS`)
+    found += [Case(f"fast b{b} previous defaults", "fast", model, batch_size=b,
+                   launch=(("head_whole_cache", 0),
+                           *((("rows_added", (((2048, 2048, False, 4), ("tma", None)),)),) if b == 4 else ())))
+              for b in sorted({1, *batch_sizes}) if b <= 4]
     # [gate; up] in TMA tiles of 64 x 128, 3 stages (96 KB of shared memory, so two programs share an
     # SM), K split to two programs per SM: every SM busy where the default's 88 tiles of 64 x 256 leave
     # 44 idle; and, at up to 8 rows, o (and [q; k; v]) one row at a time in the one-row kernel's
@@ -247,7 +253,7 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
               for b in batch_sizes if b >= 4 for p in (1, 2)]
     # the decode attention over ranges of 256 positions instead of 128: with a batch there are
     # programs enough without the second range, and a cache of 256 then needs no combine kernel
-    found += [Case(f"fast b{b} ranges256", "fast", model, batch_size=b, launch=(("head_range", 256),))
+    found += [Case(f"fast b{b} ranges256", "fast", model, batch_size=b, launch=(("head_range", 256), ("head_whole_cache", 0)))
               for b in batch_sizes if b >= 4]
     # 2 and 3 rows in the TMA kernel too, instead of one program per row
     found += [Case(f"fast b{b} tma", "fast", model, batch_size=b, launch=(("rows_min_batch", 2),))

@@ -266,13 +266,14 @@ def step_tpot(loaded, measured, options: FastOptions, label: str, batch_size: in
 
 
 # The attention kernels compared: one program per query head, and the split kernel with a few
-# tile sizes (positions per tile) and range lengths (cache positions per range of the context).
-SPLIT_POLICIES = {"head": ops.LaunchPolicy(head_range=0), "head t64": ops.LaunchPolicy(head_block_t=64, head_range=0),
-                  "head t32": ops.LaunchPolicy(head_block_t=32, head_range=0),
-                  "head r256": ops.LaunchPolicy(head_range=256),
-                  "head t64 r128": ops.LaunchPolicy(head_block_t=64, head_range=128),
-                  "head r512": ops.LaunchPolicy(head_range=512), "head r128": ops.LaunchPolicy(head_range=128),
-                  "head t64 r256": ops.LaunchPolicy(head_block_t=64, head_range=256)} | {
+# tile sizes (positions per tile) and range lengths (cache positions per range of the context);
+# the per-head variants as named at every cache length (`head_whole_cache=0`: no cache in one tile).
+SPLIT_POLICIES = {"head": ops.LaunchPolicy(head_whole_cache=0, head_range=0), "head t64": ops.LaunchPolicy(head_whole_cache=0, head_block_t=64, head_range=0),
+                  "head t32": ops.LaunchPolicy(head_whole_cache=0, head_block_t=32, head_range=0),
+                  "head r256": ops.LaunchPolicy(head_whole_cache=0, head_range=256),
+                  "head t64 r128": ops.LaunchPolicy(head_whole_cache=0, head_block_t=64, head_range=128),
+                  "head r512": ops.LaunchPolicy(head_whole_cache=0, head_range=512), "head r128": ops.LaunchPolicy(head_whole_cache=0, head_range=128),
+                  "head t64 r256": ops.LaunchPolicy(head_whole_cache=0, head_block_t=64, head_range=256)} | {
     f"split t{block_t} r{positions}{combine}": ops.LaunchPolicy(
         attention="split", split_block_t=block_t, split_positions=positions,
         split_combine="kernel" if combine else "last")
@@ -342,13 +343,13 @@ def compile_scope(compiled: str) -> tuple[str, bool]:
 # cache length ("auto": split for caches of 2048 positions, `LaunchPolicy.split_min_cache`); "split2" and "auto2" the same with the
 # ranges combined by a second kernel; "ranges", "ranges128": the per-head kernel over ranges of 256
 # or 128 positions (where the cache holds more than one); "t64": its loop 64 positions at a time.
-STEP_ATTENTION = {"head": ops.LaunchPolicy(head_range=0), "split": ops.LaunchPolicy(attention="split"),
+STEP_ATTENTION = {"head": ops.LaunchPolicy(head_whole_cache=0, head_range=0), "split": ops.LaunchPolicy(attention="split"),
                   "auto": ops.LaunchPolicy(attention="auto"),
                   "split2": ops.LaunchPolicy(attention="split", split_combine="kernel"),
                   "auto2": ops.LaunchPolicy(attention="auto", split_combine="kernel"),
-                  "ranges": ops.LaunchPolicy(head_range=256), "ranges128": ops.LaunchPolicy(head_range=128),
-                  "t64": ops.LaunchPolicy(head_block_t=64, head_range=0),
-                  "t64ranges128": ops.LaunchPolicy(head_block_t=64, head_range=128)}
+                  "ranges": ops.LaunchPolicy(head_whole_cache=0, head_range=256), "ranges128": ops.LaunchPolicy(head_whole_cache=0, head_range=128),
+                  "t64": ops.LaunchPolicy(head_whole_cache=0, head_block_t=64, head_range=0),
+                  "t64ranges128": ops.LaunchPolicy(head_whole_cache=0, head_block_t=64, head_range=128)}
 STEP_VARIANTS = [("head", "matmul", "model"), ("head", "flash", "model"), ("head", "flash", "layer"),
                  ("split", "flash", "layer"), ("auto", "flash", "layer"), ("split2", "flash", "layer"),
                  ("auto2", "flash", "layer"), ("ranges", "flash", "layer"), ("ranges128", "flash", "layer"),

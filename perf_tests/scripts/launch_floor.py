@@ -21,7 +21,8 @@ launch, at grids of 1 to 4 programs per SM:
 
 Then, for each `--model`, the floor of its greedy decode step at batch 1 over a cache of 256
 positions (prompt 128 + 128 new tokens): kernels per step (`LaunchPolicy.decode_kernels`, for
-the default policy and with `head_combine="last"`) x the boundary ("reduce", PDL on where
+the default policy, which reads such a cache in one tile, and with `head_whole_cache=0`, over two
+ranges merged by a second kernel) x the boundary ("reduce", PDL on where
 supported, one program per SM) + the weight bytes / the probed copy bandwidth. A step cannot
 run faster than that without fewer kernels. Results in <out>/<time>-floor/floor.json.
 """
@@ -44,8 +45,8 @@ from inferlab.model.registry import load_model
 from inferlab.storage import new_run_folder, write_json_atomic
 
 REDUCE_BLOCK = 2048
-CACHE_LENGTH = 256  # prompt 128 + 128 new tokens: the attention runs over two ranges of 128
-POLICIES = {"default": ops.DEFAULT_POLICY, 'head_combine="last"': ops.LaunchPolicy(head_combine="last")}
+CACHE_LENGTH = 256  # prompt 128 + 128 new tokens: by default the attention reads it in one tile
+POLICIES = {"default": ops.DEFAULT_POLICY, "head_whole_cache=0": ops.LaunchPolicy(head_whole_cache=0)}
 
 
 @triton.jit

@@ -94,7 +94,7 @@ class Kernels:
             splits = attention_splits(k_cache.shape[2], policy.split_positions, policy.max_splits)
             return attention_decode_split(*operands, block_t=policy.split_block_t, splits=splits, pdl=self.pdl,
                                           combine=policy.split_combine)
-        block_t, range_positions, warps = policy.head_launch_for(k_cache.shape[2])
+        block_t, range_positions, warps = policy.head_launch_for(k_cache.shape[2], qkv.shape[0])
         return attention_decode(*operands, block_t=block_t, pdl=self.pdl, range_positions=range_positions,
                                 combine=policy.head_combine, ahead=ahead, ahead_limit=policy.l2_ahead,
                                 num_warps=warps)

@@ -115,8 +115,12 @@ TENSOR_ROWS: dict[tuple[int, int, bool, int], RowsLaunch] = {
 # (N, K, gated, rows) -> launch, the default table: TinyLlama-1.1B's LM head in the TMA kernel's
 # tiles of 128 weight rows (alone on the H200, 34.3 against 37.3 us at 4 rows, 38.6 against 49.0
 # at 16; the step at batch 16 1.207 against 1.221 ms: docs/perf/h200/tma.md)
+# and at 4 rows o one row at a time in the one-row kernel's tile as wide as K, its weight loaded
+# before waiting on the attention: the batch-4 step 2.1-2.5% faster on an H100 in three runs, 4.5%
+# slower at 8 rows (docs/perf/h100/attention-o.md)
 MEASURED_ROWS: dict[tuple[int, int, bool, int], RowsLaunch] = {
-    (32000, 2048, False, rows): RowsLaunch("tma", TMA_HEAD) for rows in (4, 8, 16)
+    **{(32000, 2048, False, rows): RowsLaunch("tma", TMA_HEAD) for rows in (4, 8, 16)},
+    (2048, 2048, False, 4): RowsLaunch("rowwise", LaunchConfig(2, 2048, 4, 1)),
 }
 
 
@@ -207,13 +211,15 @@ class LaunchPolicy:
     # 256-position cache (K and V, 64 KB at head size 64) in one tile, read before the wait, with
     # no combine kernel
     head_warps: int = 4
-    # > 0: a cache of at most this many positions is read by one program a head in a single tile
-    # (the cache's length, rounded up to a power of two: its keys and values loaded before the
-    # wait) of `head_whole_warps` warps, with no ranges and no combine kernel; a longer cache runs
-    # in ranges of `head_range`. On an H100, 256 (8 warps) decoded prompt 128 + 128 new tokens
-    # 2.4-2.8% faster at batches 1 and 4 than 2 ranges of 128 and a combine kernel
-    # (docs/perf/h100/l2-ahead.md); not yet timed on the H200, so off by default.
-    head_whole_cache: int = 0
+    # > 0: at up to `head_whole_rows` rows, a cache of at most this many positions is read by one
+    # program a head in a single tile (the cache's length, rounded up to a power of two: its keys
+    # and values loaded before the wait) of `head_whole_warps` warps, with no ranges and no combine
+    # kernel; a longer cache, or more rows, run in ranges of `head_range`. On an H100, 256 (8 warps)
+    # decoded prompt 128 + 128 new tokens 2.4-3.0% faster at batch 1 (three runs) and 2.8% at
+    # batch 4 (two) than 2 ranges of 128 and a combine kernel, and 5.0% slower at batch 16
+    # (docs/perf/h100/l2-ahead.md, attention-o.md). 0: off.
+    head_whole_cache: int = 256
+    head_whole_rows: int = 4
     head_whole_warps: int = 8
     # > 0: at up to `attention_o_rows` rows, over a cache of at most this many positions, a layer's
     # attention and o projection run as one kernel (`attention_o`): one program per query head and
@@ -300,6 +306,8 @@ class LaunchPolicy:
             raise ValueError(f"sample_candidates must be 0 or more, not {self.sample_candidates}")
         if self.head_warps < 1 or self.head_warps & (self.head_warps - 1):
             raise ValueError(f"head_warps must be a power of two, not {self.head_warps}")
+        if self.head_whole_rows < 1:
+            raise ValueError(f"head_whole_rows must be 1 or more, not {self.head_whole_rows}")
         if self.head_whole_cache < 0:
             raise ValueError(f"head_whole_cache must be 0 or more positions, not {self.head_whole_cache}")
         if self.head_whole_warps < 1 or self.head_whole_warps & (self.head_whole_warps - 1):
@@ -333,20 +341,25 @@ class LaunchPolicy:
         """The name of the function in `inferlab.fast.kernels` that the policy's attention runs for that cache."""
         return ATTENTION_KERNELS[self.attention_for(cache_length)]
 
-    def head_range_for(self, cache_length: int) -> int:
-        """Positions per range of the per-head kernel over a cache of `cache_length` positions: 0
-        (no ranges, no combine kernel) where the cache holds no more than one range, or is read
-        whole (`head_whole_cache`)."""
-        if cache_length <= self.head_whole_cache:
+    def head_whole_for(self, cache_length: int, rows: int = 1) -> bool:
+        """Whether the per-head kernel reads a cache of `cache_length` positions at `rows` rows in
+        one tile (`head_whole_cache`, `head_whole_rows`)."""
+        return cache_length <= self.head_whole_cache and rows <= self.head_whole_rows
+
+    def head_range_for(self, cache_length: int, rows: int = 1) -> int:
+        """Positions per range of the per-head kernel over a cache of `cache_length` positions at
+        `rows` rows: 0 (no ranges, no combine kernel) where the cache holds no more than one range,
+        or is read whole (`head_whole_for`)."""
+        if self.head_whole_for(cache_length, rows):
             return 0
         return self.head_range if self.head_range and cache_length > self.head_range else 0
 
-    def head_launch_for(self, cache_length: int) -> tuple[int, int, int]:
+    def head_launch_for(self, cache_length: int, rows: int = 1) -> tuple[int, int, int]:
         """(positions a tile, positions a range or 0, warps a program) of the per-head kernel over a
-        cache of `cache_length` positions."""
-        if cache_length <= self.head_whole_cache:
+        cache of `cache_length` positions at `rows` rows."""
+        if self.head_whole_for(cache_length, rows):
             return 1 << max(cache_length - 1, 0).bit_length(), 0, self.head_whole_warps
-        return self.head_block_t, self.head_range_for(cache_length), self.head_warps
+        return self.head_block_t, self.head_range_for(cache_length, rows), self.head_warps
 
     def attention_o_for(self, cache_length: int, rows: int) -> bool:
         """Whether a layer's attention and o projection run as one kernel over a cache of
@@ -366,7 +379,7 @@ class LaunchPolicy:
         if self.attention_for(cache_length) == "split":
             combine = self.split_combine == "kernel"
         else:
-            combine = bool(self.head_range_for(cache_length)) and self.head_combine == "kernel"
+            combine = bool(self.head_range_for(cache_length, batch)) and self.head_combine == "kernel"
         return layers * (5 + combine) + 2
 
     def gemv_config(self, n: int, k: int, gated: bool) -> LaunchConfig:
