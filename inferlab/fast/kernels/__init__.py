@@ -5,9 +5,11 @@ the weights once, plus a fixed cost per kernel. These kernels cut both: each pro
 one kernel that reads its matrix exactly once with wide, coalesced loads, and carries the work
 around it (RMSNorm before, SiLU*up or the residual add after) so that nothing else runs between
 two projections except the attention kernel, which also does RoPE and the cache write. A layer
-is five kernels (six when the cache holds more than one range of positions: the attention runs
-over ranges of the context, merged by `_attention_combine_kernel`, or, with
-`LaunchPolicy(head_combine="last")`, by the last range to finish); after the LM head, one more
+is five kernels (six where the attention runs over ranges of the context, merged by
+`_attention_combine_kernel` or, with `LaunchPolicy(head_combine="last")`, by the last range to
+finish: a cache longer than `head_whole_cache` positions, or read at more than `head_whole_rows`
+rows, with more than one range; four with `LaunchPolicy(attention_o_cache=...)`, the attention
+and o in one kernel); after the LM head, one more
 picks the greedy token, fetches its embedding for the next step and advances the position
 (`greedy_step`).
 
