@@ -9,19 +9,7 @@ from inferlab.fast import spec as decode_ops
 
 pytest.importorskip("triton", reason="Triton is not installed (requirements/test.txt installs it)")
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]
-
-
-@pytest.fixture(scope="module")
-def kernels():
-    from inferlab.fast import kernels as triton_ops
-
-    return triton_ops
-
-
-def draw(*shape, dtype=torch.float32, seed=0, scale=1.0):
-    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(DEVICE, dtype)
+from test_triton_ops import DEVICE, DTYPES, draw, kernels  # noqa: E402,F401  (kernels: the fixture)
 
 
 def layer_inputs(M, heads, kv_heads, hd, T, hidden, dtype):

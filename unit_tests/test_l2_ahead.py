@@ -15,8 +15,7 @@ from inferlab.fast import spec as decode_ops  # noqa: E402
 from inferlab.fast.kernels import ahead  # noqa: E402
 from inferlab.fast.kernels.ahead import _ahead_requests  # noqa: E402
 
-DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.gpu)]
+from test_triton_ops import DEVICE, DTYPES, draw  # noqa: E402
 
 
 def covered(plan: ahead.AheadPlan) -> list[tuple[int, int]]:
@@ -83,10 +82,6 @@ def test_the_kernels_requests_are_the_plans(shape, gated, limit, programs):
     assert asked == covered(plan)
     total = weight.numel() * 2
     assert int(offsets.min()) >= 0 and int(offsets.max()) < total  # even a request of no size points inside
-
-
-def draw(*shape, dtype=torch.float32, seed=0, scale=1.0):
-    return (torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale).to(DEVICE, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
