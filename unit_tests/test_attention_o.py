@@ -9,30 +9,15 @@ from inferlab.fast import spec as decode_ops
 
 pytest.importorskip("triton", reason="Triton is not installed (requirements/test.txt installs it)")
 
-from test_triton_ops import DEVICE, DTYPES, draw, kernels  # noqa: E402,F401  (kernels: the fixture)
+from test_triton_ops import (DEVICE, DTYPES, assert_same_function, attention_inputs, draw,  # noqa: E402,F401
+                             kernels)  # kernels: the fixture
 
 
 def layer_inputs(M, heads, kv_heads, hd, T, hidden, dtype):
-    """qkv, RoPE tables [T, hd], caches [M, kv_heads, T, hd], o's weight [hidden, heads hd] and the
-    residual [M, hidden], from fixed seeds."""
-    qkv = draw(M, (heads + 2 * kv_heads) * hd, dtype=dtype, seed=5)
-    angles = draw(T, hd // 2, seed=6)
-    angles = torch.cat([angles, angles], dim=-1)
-    k_cache, v_cache = draw(M, kv_heads, T, hd, dtype=dtype, seed=7), draw(M, kv_heads, T, hd, dtype=dtype, seed=8)
+    """`attention_inputs` (qkv, RoPE tables [T, hd], caches [M, kv_heads, T, hd]), then o's weight
+    [hidden, heads hd] and the residual [M, hidden], from fixed seeds."""
     wo = draw(hidden, heads * hd, dtype=dtype, seed=9, scale=0.2)
-    residual = draw(M, hidden, dtype=dtype, seed=10)
-    return qkv, angles.cos().to(dtype), angles.sin().to(dtype), k_cache, v_cache, wo, residual
-
-
-def assert_close_to(ours, expected):
-    """fp32: the same sums in another order. bf16: a rounded intermediate may land on the
-    neighbouring bf16 value; the whole stays within a relative 2^-7 (a wrong term is far above)."""
-    assert ours.shape == expected.shape and ours.dtype == expected.dtype
-    if expected.dtype == torch.float32:
-        torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)
-    else:
-        error = (ours.float() - expected.float()).norm() / expected.float().norm()
-        assert error < 2**-7, f"relative error {error:.2e}"
+    return (*attention_inputs(M, heads, kv_heads, hd, T, dtype), wo, draw(M, hidden, dtype=dtype, seed=10))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -52,8 +37,8 @@ def test_the_kernel_computes_attention_then_o_with_the_residual_and_writes_the_c
         expected = decode_ops.attention_o(qkv, cos, sin, at, expected_k, expected_v, heads, kv_heads, wo, residual)
         ours = kernels.attention_o(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads, wo, residual,
                                    block_n=block_n, block_t=block_t, num_warps=4, registers=registers)
-        assert_close_to(ours, expected)
-        assert_close_to(k_cache, expected_k)
+        assert_same_function(ours, expected)
+        assert_same_function(k_cache, expected_k)
         assert torch.equal(v_cache, expected_v)
         qkv = qkv.roll(1, dims=1)  # another token
     counts = [buffers[1] for key, buffers in kernels.KEPT.items() if key[0] == "attention-o"]
@@ -97,7 +82,7 @@ def test_the_policy_fuses_attention_and_o_up_to_its_cache_length_and_rows(kernel
         at = torch.tensor([T - 3], device=DEVICE)
         expected = decode_ops.attention_o(qkv, cos, sin, at, k_cache.clone(), v_cache.clone(), heads, kv_heads, wo,
                                           residual)
-        assert_close_to(ops.attention_o(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads, wo, residual), expected)
+        assert_same_function(ops.attention_o(qkv, cos, sin, at, k_cache, v_cache, heads, kv_heads, wo, residual), expected)
     assert launched == ["_attention_o_kernel", "_attention_decode_kernel", "_gemv_kernel"]
 
 
