@@ -105,11 +105,11 @@ class Kernels:
                     ahead: torch.Tensor | None = None, ahead_gated: bool = False) -> torch.Tensor:
         """A layer's attention and o projection: one kernel where the policy fuses them
         (`LaunchPolicy.attention_o_for`), else the attention kernel(s) and o's projection."""
-        policy, cache_length = self.policy, k_cache.shape[2]
+        policy = self.policy
         operands = (qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
-        if policy.attention_o_for(cache_length, qkv.shape[0]):
-            block_t = min(1 << max(cache_length - 1, 0).bit_length(), policy.attention_o_block_t)
-            return attention_o(*operands, wo, residual, block_n=policy.attention_o_block_n, block_t=block_t,
+        if policy.attention_o_for(k_cache.shape[2], qkv.shape[0]):
+            return attention_o(*operands, wo, residual, block_n=policy.attention_o_block_n,
+                               block_t=policy.attention_o_block_t,
                                num_warps=policy.attention_o_warps, registers=policy.attention_o_registers,
                                pdl=self.pdl)
         attended = self.attention_decode(*operands, ahead=wo)

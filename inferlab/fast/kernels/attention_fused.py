@@ -104,15 +104,16 @@ def attention_o(
     residual: torch.Tensor,
     *,
     block_n: int = 256,
-    block_t: int | None = None,
+    block_t: int = 256,
     num_warps: int = 8,
     registers: int = 0,
     pdl: bool | None = None,
 ) -> torch.Tensor:
     """Same contract as `inferlab.fast.spec.attention_o`: residual + o(attention(qkv)) [M, H].
 
-    `block_t`: cached positions read before the wait (default: the cache's length, rounded up
-    to a power of two: all of it); positions past them are read after, `block_t` at a time.
+    `block_t`: at most this many cached positions are read before the wait (fewer where the
+    cache's length, rounded up to a power of two, is less: then all of it); positions past them
+    are read after, that many at a time.
     `block_n`: o's output rows a program. `num_warps`: warps a program. `registers` > 0: at most
     that many registers a thread (ptxas's maxnreg), so that more programs fit on an SM.
     """
@@ -121,7 +122,7 @@ def attention_o(
     assert wo.shape[1] == num_heads * hd and wo.is_contiguous() and residual.shape == (M, N), (wo.shape, residual.shape)
     assert k_cache.stride() == v_cache.stride() and k_cache.stride(-1) == 1 and qkv.is_contiguous()
     assert residual.is_contiguous() and cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == hd
-    block_t = block_t or triton.next_power_of_2(k_cache.shape[2])
+    block_t = min(triton.next_power_of_2(k_cache.shape[2]), block_t)
     blocks = triton.cdiv(N, block_n)
     pdl = _use_pdl(qkv.device, pdl)
     part, arrivals = kept(("attention-o", qkv.device, M, num_heads, N, blocks), lambda: (

@@ -304,21 +304,19 @@ class LaunchPolicy:
             raise ValueError(f"sampling must be one of {list(SAMPLING_KERNELS)}, not {self.sampling!r}")
         if self.sample_candidates < 0:
             raise ValueError(f"sample_candidates must be 0 or more, not {self.sample_candidates}")
-        if self.head_warps < 1 or self.head_warps & (self.head_warps - 1):
-            raise ValueError(f"head_warps must be a power of two, not {self.head_warps}")
         if self.head_whole_rows < 1:
             raise ValueError(f"head_whole_rows must be 1 or more, not {self.head_whole_rows}")
         if self.head_whole_cache < 0:
             raise ValueError(f"head_whole_cache must be 0 or more positions, not {self.head_whole_cache}")
-        if self.head_whole_warps < 1 or self.head_whole_warps & (self.head_whole_warps - 1):
-            raise ValueError(f"head_whole_warps must be a power of two, not {self.head_whole_warps}")
+        if self.attention_o_cache < 0:
+            raise ValueError(f"attention_o_cache must be 0 or more positions, not {self.attention_o_cache}")
+        if self.attention_o_rows < 1:
+            raise ValueError(f"attention_o_rows must be 1 or more, not {self.attention_o_rows}")
         if self.attention_o_registers < 0:
             raise ValueError(f"attention_o_registers must be 0 (the compiler's choice) or more, not "
                              f"{self.attention_o_registers}")
-        if self.attention_o_cache < 0 or self.attention_o_rows < 1:
-            raise ValueError(f"attention_o_cache must be 0 or more positions and attention_o_rows 1 or more, not "
-                             f"{self.attention_o_cache} and {self.attention_o_rows}")
-        for name in ("attention_o_block_n", "attention_o_block_t", "attention_o_warps"):
+        for name in ("head_warps", "head_whole_warps", "attention_o_block_n", "attention_o_block_t",
+                     "attention_o_warps"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two, not {value}")
