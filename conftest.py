@@ -180,11 +180,13 @@ def record_launches(monkeypatch):
     """`record_launches(names)`: the names of these jitted kernels of `inferlab.fast.kernels`, in
     launch order, for the rest of the test."""
     def record(names) -> list:
-        from inferlab.fast.kernels import attention, attention_fused, persistent, projections, step, stream, tma
+        from inferlab.fast.kernels import (attention, attention_fused, persistent, projection_attention, projections,
+                                           step, stream, tma)
 
         launched = []
         for name in names:
-            module = next(m for m in (projections, stream, tma, attention, attention_fused, step, persistent)
+            module = next(m for m in (projections, stream, tma, attention, attention_fused, projection_attention, step,
+                                      persistent)
                           if hasattr(m, name))
             monkeypatch.setattr(module, name, _Recording(getattr(module, name), name, launched))
         return launched

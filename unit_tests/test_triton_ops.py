@@ -674,11 +674,12 @@ def test_a_decode_step_counts_one_kernel_more_a_layer_where_a_second_kernel_merg
 @pytest.mark.parametrize("policy", [dict(head_block_t=4, head_range=8, head_whole_cache=0),
                                     dict(head_block_t=4, head_range=8, head_whole_cache=0, head_combine="last"),
                                     dict(head_block_t=4, head_range=0), dict(attention="split", split_combine="kernel"),
-                                    dict(attention_o_cache=16), {}])  # {}: the default, the cache in one tile
+                                    dict(attention_o_cache=16), dict(qkv_attention_cache=16),
+                                    {}])  # {}: the default, the cache in one tile
 def test_a_greedy_decode_step_launches_as_many_kernels_as_its_policy_counts(kernels, tiny, record_launches, policy):
     launched = record_launches((
         "_gemv_kernel", "_gemv_rows_kernel", "_gemv_batch_kernel", "_attention_decode_kernel", "_attention_split_kernel",
-        "_attention_combine_kernel", "_attention_o_kernel", "_greedy_step_kernel"))
+        "_attention_combine_kernel", "_attention_o_kernel", "_qkv_attention_kernel", "_greedy_step_kernel"))
     net = FastLlama(tiny.model)
     cache_length, first = 16, 5
     cache = net.new_cache(1, cache_length)  # two ranges of 8 positions
@@ -1008,6 +1009,10 @@ ENGINE_POLICIES = {
     # wait; and in tiles of 8, the first before the wait, at 2 rows
     "attention-o-1": (1, {"attention_o_cache": 32, "attention_o_block_n": 16, "attention_o_registers": 64}, 32),
     "attention-o-tiles-2": (2, {"attention_o_cache": 32, "attention_o_rows": 2, "attention_o_block_t": 8}, 32),
+    # a layer's [q; k; v] projection and attention in one launch: the cache's first 8 positions
+    # before each head's wait, the rest after; at 2 rows, the cache of 32 whole before it
+    "qkv-attention-1": (1, {"qkv_attention_cache": 32, "qkv_attention_block_t": 8, "qkv_attention_registers": 56}, 32),
+    "qkv-attention-2": (2, {"qkv_attention_cache": 32, "qkv_attention_rows": 2, "qkv_attention_block_t": 32}, 32),
 }
 
 

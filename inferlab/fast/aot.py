@@ -254,6 +254,23 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
                          BLOCK_T=block_t, BLOCK_N=block_n, PDL=True)
             cases.append((f"attention and o {label}, o rows {block_n}, {block_t} positions, {warps} warps",
                           kernels.attention_fused._attention_o_kernel, fused, flags, dict(num_warps=warps)))
+        # the [q; k; v] projection and the attention in one launch (LaunchPolicy(qkv_attention_cache=256)),
+        # in the projection's measured shape, each head's first 32 cached positions loaded before its
+        # wait. 64 or more spill at TinyLlama's 4 warps (128 at SmolLM2's 8); and so does a cap on the
+        # registers (`qkv_attention_registers` 48-80, so that the projection's programs all fit at
+        # once): measured, not checked here
+        nqkv, hidden = (heads + 2 * kv_heads) * 64, 2048 if heads == 32 else 576
+        config = kernels.gemv_config(nqkv, hidden, False)
+        fused_qkv = dict(attention, x_ptr=bf16, w_ptr=bf16, norm_ptr=bf16, counts_ptr=i32, errors_ptr=i32, M="i32",
+                         eps="fp32")
+        fused_qkv.pop("ahead_ptr")
+        for block_t in (32,):
+            flags = dict(K=hidden, NH=heads, KVH=kv_heads, HD=64, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                         EVEN_K=hidden % config.block_k == 0, BLOCK_T=block_t, PDL=True, EARLY=True,
+                         SPIN=kernels.persistent.SPIN_LIMIT, INTERPRETED=False)
+            cases.append((f"[q; k; v] and attention {label}, {block_t} positions before the wait",
+                          kernels.projection_attention._qkv_attention_kernel, fused_qkv, flags,
+                          dict(num_warps=config.num_warps, num_stages=config.num_stages)))
         for block_t in (16, 32):
             for combine in (True, False):
                 flags = dict(NH=heads, KVH=kv_heads, HD=64, G=group, G_PAD=g_pad, SPLITS=kernels.MAX_SPLITS,

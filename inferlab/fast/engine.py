@@ -327,9 +327,9 @@ class FastLlama(nn.Module):
         return self.decode_hidden(F.embedding(tokens[:, 0], self.embed), position, cache, ops)
 
     def decode_hidden(self, x: torch.Tensor, position: torch.Tensor, cache: KVCache, ops) -> torch.Tensor:
-        """`decode` from the embedded tokens x [B, H]; each line below is one kernel (`attention_o`
-        one, or the attention's and o's, by the launch policy; with stacked weights at batch 1,
-        `decode_layers` runs every layer in one)."""
+        """`decode` from the embedded tokens x [B, H]; each line below is one kernel, but for
+        `attention_block`: the [q; k; v] projection, the attention and o, as two to four kernels by
+        the launch policy; with stacked weights at batch 1, `decode_layers` runs every layer in one)."""
         if self.stacks is not None and x.shape[0] == 1:
             x = ops.decode_layers(x, self.stacks, cache.cos, cache.sin, position, cache.k, cache.v, self.num_heads,
                                   self.num_kv_heads, self.eps)
@@ -337,9 +337,9 @@ class FastLlama(nn.Module):
         # `ahead`: the weight the next weight-reading kernel reads, a hint for L2 (LaunchPolicy.l2_ahead)
         for index, layer in enumerate(self.layers):
             after = self.layers[index + 1].wqkv if index + 1 < len(self.layers) else self.lm_head
-            qkv = ops.gemv(x, layer.wqkv, norm=layer.attn_norm, eps=self.eps)
-            x = ops.attention_o(qkv, cache.cos, cache.sin, position, cache.k[index], cache.v[index], self.num_heads,
-                                self.num_kv_heads, layer.wo, x, ahead=layer.w13, ahead_gated=True)
+            x = ops.attention_block(x, layer.wqkv, layer.attn_norm, self.eps, cache.cos, cache.sin, position,
+                                    cache.k[index], cache.v[index], self.num_heads, self.num_kv_heads, layer.wo,
+                                    ahead=layer.w13, ahead_gated=True)
             h = ops.gemv(x, layer.w13, norm=layer.ffn_norm, eps=self.eps, gated=True, ahead=layer.w2)
             x = ops.gemv(h, layer.w2, residual=x, ahead=after)
         return ops.gemv(x, self.lm_head, norm=self.norm, eps=self.eps, out_dtype=torch.float32,

@@ -10,7 +10,9 @@ A decode layer is five of them (hidden x [M, H], M = batch, one new token each):
     x    = gemv(h, w2, residual=x)
 
 `attention_o` is the second and third lines as one operation (`x = attention_o(qkv, ..., wo,
-residual=x)`, one kernel on the GPU where the launch policy fuses them). The step ends with
+residual=x)`, one kernel on the GPU where the launch policy fuses them), `qkv_attention` the first
+two (one kernel where the policy fuses them), and `attention_block` the first three, which the
+engine calls: the kernels pick how to split it. The step ends with
 `gemv(x, lm_head, norm=final_norm)` and, when greedy, `greedy_step`
 (argmax, the next input's embedding and the position update in one operation).
 
@@ -126,6 +128,47 @@ def attention_o(
     kernel reads (see `gemv`); no effect on the result."""
     attended = attention_decode(qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
     return gemv(attended, wo, residual=residual)
+
+
+def qkv_attention(
+    x: torch.Tensor,
+    wqkv: torch.Tensor,
+    attn_norm: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+) -> torch.Tensor:
+    """The [q; k; v] projection and the attention: `attention_decode`(`gemv`(x, wqkv, norm=attn_norm)),
+    x [M, H] -> [M, nh hd], the cache written as `attention_decode` writes it."""
+    qkv = gemv(x, wqkv, norm=attn_norm, eps=eps)
+    return attention_decode(qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
+
+
+def attention_block(
+    x: torch.Tensor,
+    wqkv: torch.Tensor,
+    attn_norm: torch.Tensor,
+    eps: float,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    position: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    wo: torch.Tensor,
+    ahead: torch.Tensor | None = None,
+    ahead_gated: bool = False,
+) -> torch.Tensor:
+    """A layer's first half: x + o(attention([q; k; v](RMSNorm(x)))) [M, H], the first three lines
+    above. ahead, ahead_gated: the weight a later kernel reads (see `gemv`); no effect on the result."""
+    qkv = gemv(x, wqkv, norm=attn_norm, eps=eps)
+    return attention_o(qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads, wo, x)
 
 
 def decode_layers(

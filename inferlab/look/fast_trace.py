@@ -126,6 +126,25 @@ class RecordingOps:
                                      dtype_name(out.dtype), fused))
         return out
 
+    def attention_block(self, x, wqkv, attn_norm, eps, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads,
+                        wo, ahead=None, ahead_gated=False):
+        """Recorded as the operations the inner policy runs: the [q; k; v] projection and the
+        attention as one launch where it fuses them, then o; else the projection and `attention_o`."""
+        operands = (cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
+        fuses = getattr(self.inner, "qkv_attention_config", None)
+        if fuses is None or fuses(x, wqkv, k_cache, num_heads, num_kv_heads) is None:
+            qkv = self.gemv(x, wqkv, norm=attn_norm, eps=eps)
+            return self.attention_o(qkv, *operands, wo, x, ahead=ahead, ahead_gated=ahead_gated)
+        attended = self.inner.qkv_attention(x, wqkv, attn_norm, eps, *operands)
+        fused = (f"RMSNorm of the input, the [q; k; v] projection, then attention as attention_decode "
+                 f"({num_heads // num_kv_heads} query heads a KV head), each head's program waiting on its "
+                 f"KV head's rows")
+        self.calls.append(KernelCall(self._caches[k_cache.data_ptr()], "qkv_attention",
+                                     "[q; k; v] projection and attention", tuple(wqkv.shape),
+                                     _WEIGHT_ROLES["wqkv"][1], tuple(attended.shape), ("B", "nH*D"),
+                                     dtype_name(attended.dtype), fused))
+        return self.gemv(attended, wo, residual=x, ahead=ahead, ahead_gated=ahead_gated)
+
     def greedy_step(self, logits, embed, hidden, tokens, out, position, first_position):
         self.inner.greedy_step(logits, embed, hidden, tokens, out, position, first_position)
         self.calls.append(KernelCall(None, "greedy_step", "next token", tuple(logits.shape), ("B", "V"),

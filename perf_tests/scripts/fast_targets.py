@@ -200,6 +200,15 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
                                    (" r128", (("attention_o_registers", 128),)))]
     found += [Case(f"fast b{b} attention-o", "fast", model, batch_size=b,
                    launch=(("attention_o_cache", 256), ("attention_o_rows", b))) for b in batch_sizes if 1 < b <= 8]
+    # a layer's [q; k; v] projection and attention in one launch (`LaunchPolicy(qkv_attention_cache=256)`):
+    # each head's attention program waits on its KV head's rows, not on the projection's end, its
+    # first 32 (64) cached positions loaded before. Uncapped, the attention's tiles take 158 (255)
+    # registers a thread, so 2-3 of the projection's programs fit on an SM where 10 do in its own
+    # kernel (48 registers): capped at 48-80 (ptxas spills the rest, in the attention's part)
+    found += [Case(f"fast b1 qkv-attention t{block_t}{f' r{registers}' if registers else ''}", "fast", model,
+                   launch=(("qkv_attention_cache", 256), ("qkv_attention_block_t", block_t),
+                           ("qkv_attention_registers", registers)))
+              for block_t, registers in ((32, 0), (32, 48), (32, 56), (32, 64), (64, 64), (64, 80))]
     # every matrix in the policy-wide batched kernel, without the launches measured per matrix
     # (LaunchPolicy(rows={})): the engine before `MEASURED_ROWS`
     found += [Case(f"fast b{b} rows={{}}", "fast", model, batch_size=b, launch=(("rows", ()),))
@@ -279,7 +288,13 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
                   Case(f"fast {small_model} persistent", "fast", small_model, launch=(("persistent", True),)),
                   Case(f"fast {small_model} l2 ahead 8M", "fast", small_model, launch=(("l2_ahead", 8 << 20),)),
                   # four kernels a layer instead of five or six: attention and o in one
-                  Case(f"fast {small_model} attention-o", "fast", small_model, launch=(("attention_o_cache", 256),))]
+                  Case(f"fast {small_model} attention-o", "fast", small_model, launch=(("attention_o_cache", 256),)),
+                  # four kernels a layer: [q; k; v] and the attention in one launch (8 warps: 204
+                  # registers uncapped at 64 positions, 480 programs of the projection)
+                  *[Case(f"fast {small_model} qkv-attention t{block_t}{f' r{registers}' if registers else ''}", "fast",
+                         small_model, launch=(("qkv_attention_cache", 256), ("qkv_attention_block_t", block_t),
+                                              ("qkv_attention_registers", registers)))
+                    for block_t, registers in ((32, 0), (64, 0), (32, 48))]]
     return found
 
 

@@ -9,7 +9,8 @@ is five kernels (six where the attention runs over ranges of the context, merged
 `_attention_combine_kernel` or, with `LaunchPolicy(head_combine="last")`, by the last range to
 finish: a cache longer than `head_whole_cache` positions, or read at more than `head_whole_rows`
 rows, with more than one range; four with `LaunchPolicy(attention_o_cache=...)`, the attention
-and o in one kernel); after the LM head, one more
+and o in one kernel, or with `LaunchPolicy(qkv_attention_cache=...)`, the [q; k; v] projection and
+the attention in one launch); after the LM head, one more
 picks the greedy token, fetches its embedding for the next step and advances the position
 (`greedy_step`).
 
@@ -34,6 +35,8 @@ CUDA (or under ``TRITON_INTERPRET=1``, which runs the kernels on the CPU for tes
 Modules: `policy` (launch shapes and `LaunchPolicy`, plain data), `launch` (PDL, kept buffers),
 `tiles` (the loads and products the projections share), `projections`, `stream`, `tma`, `attention`,
 `attention_fused` (a layer's attention and o projection in one kernel, `LaunchPolicy(attention_o_cache=...)`),
+`projection_attention` (a layer's [q; k; v] projection and attention in one launch,
+`LaunchPolicy(qkv_attention_cache=...)`),
 `step` (the kernels and their launches), `persistent` (every layer of a batch-1 step in one
 kernel, `LaunchPolicy(persistent=True)`); `Kernels` below binds them to one launch mode and
 policy.
@@ -58,6 +61,7 @@ from inferlab.fast.kernels.policy import (ATTENTION_BLOCK_T, ATTENTION_KERNELS, 
 from inferlab.fast.kernels.grid import barrier_errors
 from inferlab.fast.kernels.persistent import decode_layers, resident_programs, tile_shape
 from inferlab.fast.kernels.projections import batch_config, gemv, rows_split_k
+from inferlab.fast.kernels.projection_attention import qkv_attention
 from inferlab.fast.kernels.sampling import CHUNK as SPLIT_CHUNK
 from inferlab.fast.kernels.sampling import sample_step_split, split_fits, split_phases, split_programs
 from inferlab.fast.kernels.step import SAMPLE_MAX_VOCAB, greedy_step, sample_kernel_fits, sample_step, sample_warps
@@ -70,7 +74,7 @@ __all__ = [
     "SPLIT_BLOCK_T", "SPLIT_COMBINES", "SPLIT_POLICY", "SPLIT_POSITIONS", "STREAM_GEMV", "TENSOR_ROWS", "TINYLLAMA_GEMV", "TMA_GEMV", "TMA_HEAD", "Kernels",
     "LaunchConfig", "LaunchPolicy", "RowsLaunch", "attention_decode", "attention_o", "attention_decode_split", "attention_splits",
     "barrier_errors", "batch_config", "combine_chunk", "decode_layers", "gemv", "gemv_config", "greedy_step",
-    "kept", "multiprocessors", "pdl_supported", "resident_programs", "rms_columns", "rows_split_k",
+    "kept", "multiprocessors", "pdl_supported", "qkv_attention", "resident_programs", "rms_columns", "rows_split_k",
     "sample_kernel_fits", "sample_step", "sample_step_split", "sample_warps", "SPLIT_CHUNK", "split_fits", "split_phases", "split_programs",
     "tile_shape",
 ]
@@ -114,6 +118,37 @@ class Kernels:
                                pdl=self.pdl)
         attended = self.attention_decode(*operands, ahead=wo)
         return self.gemv(attended, wo, residual=residual, ahead=ahead, ahead_gated=ahead_gated)
+
+    def qkv_attention_config(self, x, wqkv, k_cache, num_heads, num_kv_heads) -> LaunchConfig | None:
+        """The projection's launch shape where the policy runs this layer's [q; k; v] projection
+        and attention as one launch (`LaunchPolicy.qkv_attention_launch`), else None."""
+        return self.policy.qkv_attention_launch(wqkv.shape[0], x.shape[1], x.shape[0], k_cache.shape[2], num_heads,
+                                                num_kv_heads, k_cache.shape[-1])
+
+    def qkv_attention(self, x, wqkv, attn_norm, eps, cos, sin, position, k_cache, v_cache, num_heads,
+                      num_kv_heads) -> torch.Tensor:
+        """A layer's [q; k; v] projection and attention: one launch where the policy fuses them,
+        else the projection and the attention kernel(s)."""
+        operands = (cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
+        config = self.qkv_attention_config(x, wqkv, k_cache, num_heads, num_kv_heads)
+        if config is not None:
+            return qkv_attention(x, wqkv, attn_norm, eps, *operands, config=config,
+                                 block_t=self.policy.qkv_attention_block_t,
+                                 registers=self.policy.qkv_attention_registers, early=self.policy.early_loads,
+                                 pdl=self.pdl)
+        return self.attention_decode(self.gemv(x, wqkv, norm=attn_norm, eps=eps), *operands)
+
+    def attention_block(self, x, wqkv, attn_norm, eps, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads,
+                        wo, ahead: torch.Tensor | None = None, ahead_gated: bool = False) -> torch.Tensor:
+        """A layer's first half, x + o(attention([q; k; v](RMSNorm(x)))): the projection and the
+        attention in one launch where the policy fuses them (`qkv_attention`), else the projection
+        and `attention_o`."""
+        operands = (cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
+        if self.qkv_attention_config(x, wqkv, k_cache, num_heads, num_kv_heads) is not None:
+            attended = self.qkv_attention(x, wqkv, attn_norm, eps, *operands)
+            return self.gemv(attended, wo, residual=x, ahead=ahead, ahead_gated=ahead_gated)
+        qkv = self.gemv(x, wqkv, norm=attn_norm, eps=eps)
+        return self.attention_o(qkv, *operands, wo, x, ahead=ahead, ahead_gated=ahead_gated)
 
     def decode_layers(self, *args) -> torch.Tensor:
         return decode_layers(*args, per_sm=self.policy.persistent_per_sm)

@@ -49,6 +49,29 @@ def _attend_cached(k_ptr, v_ptr, cache_at, stride_ct, d, q, scale, best, total, 
 
 
 @triton.jit
+def _new_token(row, h, kv, cos, sin, d, partner, NH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, dtype,
+               FROM_L2: tl.constexpr = False):
+    """The new token's q of query head h (RoPE'd, rounded to `dtype`, as float32), and k (RoPE'd)
+    and v of KV head kv (in `dtype`), from its [q; k; v] row; FROM_L2: read past the SM's L1
+    (".cg"), for a row another program of the same launch wrote."""
+    HALF: tl.constexpr = HD // 2
+    q_at = row + h * HD
+    k_at = row + (NH + kv) * HD
+    v_at = row + (NH + KVH + kv) * HD
+    if FROM_L2:
+        q, q_partner = tl.load(q_at + d, cache_modifier=".cg"), tl.load(q_at + partner, cache_modifier=".cg")
+        k, k_partner = tl.load(k_at + d, cache_modifier=".cg"), tl.load(k_at + partner, cache_modifier=".cg")
+        v = tl.load(v_at + d, cache_modifier=".cg")
+    else:
+        q, q_partner = tl.load(q_at + d), tl.load(q_at + partner)
+        k, k_partner = tl.load(k_at + d), tl.load(k_at + partner)
+        v = tl.load(v_at + d)
+    q = _rope(q.to(tl.float32), q_partner.to(tl.float32), cos, sin, d, HALF)
+    k = _rope(k.to(tl.float32), k_partner.to(tl.float32), cos, sin, d, HALF).to(dtype)
+    return q.to(dtype).to(tl.float32), k, v.to(dtype)
+
+
+@triton.jit
 def _attention_decode_kernel(
     qkv_ptr, cos_ptr, sin_ptr, pos_ptr, k_ptr, v_ptr, out_ptr,
     part_acc_ptr, part_best_ptr, part_total_ptr, arrivals_ptr,
@@ -99,13 +122,7 @@ def _attention_decode_kernel(
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()  # the q, k, v of this token come from the previous kernel
-    row = qkv_ptr + m * (NH + 2 * KVH) * HD
-    q_at = row + h * HD
-    q = _rope(tl.load(q_at + d).to(tl.float32), tl.load(q_at + partner).to(tl.float32), cos, sin, d, HALF)
-    q = q.to(dtype).to(tl.float32)
-    k_at = row + (NH + kv) * HD
-    k = _rope(tl.load(k_at + d).to(tl.float32), tl.load(k_at + partner).to(tl.float32), cos, sin, d, HALF).to(dtype)
-    v = tl.load(row + (NH + KVH + kv) * HD + d).to(dtype)
+    q, k, v = _new_token(qkv_ptr + m * (NH + 2 * KVH) * HD, h, kv, cos, sin, d, partner, NH, KVH, HD, dtype)
     writer = h % G == 0  # one writer per KV head; readers take the new token from registers
     if RANGE:
         writer = writer & (r == 0)

@@ -234,6 +234,18 @@ class LaunchPolicy:
     attention_o_block_t: int = 256
     attention_o_warps: int = 8
     attention_o_registers: int = 0
+    # > 0: at up to `qkv_attention_rows` rows (where the one-row projection runs), over a cache of
+    # at most this many positions, a layer's [q; k; v] projection and attention run as one launch
+    # (`qkv_attention`): the projection's programs, then one attention program per query head that
+    # waits on its KV head's rows instead of the projection's end, loading its first
+    # `qkv_attention_block_t` cached positions before. A layer is then four kernels. 0: off.
+    # `qkv_attention_registers` > 0 caps a thread's registers (ptxas spills the rest): the
+    # attention's tiles would otherwise set the whole launch's registers, and fewer of the
+    # projection's programs would fit on an SM at once than in its own kernel (48 registers).
+    qkv_attention_cache: int = 0
+    qkv_attention_rows: int = 1
+    qkv_attention_block_t: int = 32
+    qkv_attention_registers: int = 0
     # who merges the per-head kernel's ranges: "kernel", `_attention_combine_kernel` after it (one
     # kernel more a layer); "last", the last of each head's ranges to finish, in the same kernel
     # (an atomic count a program instead of a kernel boundary). On the H200 "last" loses: +1.4% at
@@ -315,8 +327,15 @@ class LaunchPolicy:
         if self.attention_o_registers < 0:
             raise ValueError(f"attention_o_registers must be 0 (the compiler's choice) or more, not "
                              f"{self.attention_o_registers}")
+        if self.qkv_attention_cache < 0:
+            raise ValueError(f"qkv_attention_cache must be 0 or more positions, not {self.qkv_attention_cache}")
+        if self.qkv_attention_registers < 0:
+            raise ValueError(f"qkv_attention_registers must be 0 (the compiler's choice) or more, not "
+                             f"{self.qkv_attention_registers}")
+        if self.qkv_attention_rows < 1:
+            raise ValueError(f"qkv_attention_rows must be 1 or more, not {self.qkv_attention_rows}")
         for name in ("head_warps", "head_whole_warps", "attention_o_block_n", "attention_o_block_t",
-                     "attention_o_warps"):
+                     "attention_o_warps", "qkv_attention_block_t"):
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"{name} must be a power of two, not {value}")
@@ -364,15 +383,31 @@ class LaunchPolicy:
         `cache_length` positions at `rows` rows."""
         return cache_length <= self.attention_o_cache and rows <= self.attention_o_rows
 
+    def qkv_attention_launch(self, n: int, k: int, rows: int, cache_length: int, num_heads: int, num_kv_heads: int,
+                             head_dim: int) -> LaunchConfig | None:
+        """The projection's launch shape where a layer's [q; k; v] projection ([n, k]) and attention
+        run as one launch at `rows` rows over a cache of `cache_length` positions, else None: within
+        `qkv_attention_cache` and `qkv_attention_rows`, where the one-row projection runs and its
+        rows a program divide the head size (each program's rows in one head)."""
+        if cache_length > self.qkv_attention_cache or rows > self.qkv_attention_rows:
+            return None
+        launch = self.rows_launch(n, k, False, rows)
+        config = launch.config or self.gemv_config(n, k, False)
+        if launch.kernel != "row" or n != (num_heads + 2 * num_kv_heads) * head_dim or head_dim % config.block_n:
+            return None
+        return config
+
     def decode_kernels(self, layers: int, cache_length: int, batch: int = 1) -> int:
         """Kernels in one greedy decode step over a cache of `cache_length` positions: per layer
         the four projections and the attention, plus a combine kernel where one merges the
         attention's ranges; then the LM head and the greedy step kernel. With `persistent` at
         batch 1, one kernel for all the layers instead; with the attention and o in one kernel
-        (`attention_o_for`), four a layer."""
+        (`attention_o_for`), or the [q; k; v] projection and the attention (`qkv_attention_cache`,
+        where the model's shapes allow: `qkv_attention_launch`), four a layer."""
         if self.persistent and batch == 1:
             return 3
-        if self.attention_o_for(cache_length, batch):
+        if self.attention_o_for(cache_length, batch) or (
+                cache_length <= self.qkv_attention_cache and batch <= self.qkv_attention_rows):
             return layers * 4 + 2
         if self.attention_for(cache_length) == "split":
             combine = self.split_combine == "kernel"

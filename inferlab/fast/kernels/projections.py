@@ -44,7 +44,27 @@ def _gemv_kernel(
     AHEAD_STRIDE: tl.constexpr = 0, AHEAD_CHUNK: tl.constexpr = 16, AHEAD_THREADS: tl.constexpr = 1,
     INTERPRETED: tl.constexpr = False,
 ):
-    """out[m, n] for BLOCK_N consecutive n of one row m; the program reads its rows of W once.
+    """out[m, n] for BLOCK_N consecutive n of one row m; the program reads its rows of W once
+    (`_gemv_block`, program pid of the launch)."""
+    _gemv_block(tl.program_id(0), tl.num_programs(0), x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr, M, eps, ahead_ptr,
+                N, K, NORM, GATED, RESIDUAL, BLOCK_N, BLOCK_K, EVEN_N, EVEN_K, PDL, EARLY, AHEAD_SLOTS, AHEAD_PARTS,
+                AHEAD_BYTES, AHEAD_STRIDE, AHEAD_CHUNK, AHEAD_THREADS, INTERPRETED)
+
+
+@triton.jit
+def _gemv_block(
+    pid, programs, x_ptr, w_ptr, norm_ptr, res_ptr, out_ptr,
+    M, eps, ahead_ptr,
+    N: tl.constexpr, K: tl.constexpr,
+    NORM: tl.constexpr, GATED: tl.constexpr, RESIDUAL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+    PDL: tl.constexpr, EARLY: tl.constexpr,
+    AHEAD_SLOTS: tl.constexpr, AHEAD_PARTS: tl.constexpr, AHEAD_BYTES: tl.constexpr,
+    AHEAD_STRIDE: tl.constexpr, AHEAD_CHUNK: tl.constexpr, AHEAD_THREADS: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+):
+    """Program `pid` of `programs` of the one-row GEMV: out[m, n] for BLOCK_N consecutive n of
+    row m = pid % M; it reads its rows of W once.
 
     The first tile of W is loaded before waiting on the previous kernel: weights are never
     written, so under programmatic dependent launch the read starts while that kernel finishes.
@@ -58,7 +78,6 @@ def _gemv_kernel(
     for its share of the next kernel's weight (`ahead._warm_l2`; the programs launched last ask
     first, so the requests land at the kernel's end).
     """
-    pid = tl.program_id(0)
     m = pid % M  # programs of one weight block and different rows run side by side: L2 shares W
     offs_n = (pid // M) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -99,7 +118,7 @@ def _gemv_kernel(
         acc += _weight_tile(w_ptr, rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32) * xf
         if GATED:
             acc_up += _weight_tile(w_ptr, up_rows, offs_k, mask_n, K, EVEN_N and EVEN_K).to(tl.float32) * xf
-    _warm_l2(ahead_ptr, tl.num_programs(0) - 1 - pid, AHEAD_SLOTS, AHEAD_PARTS, AHEAD_BYTES, AHEAD_STRIDE,
+    _warm_l2(ahead_ptr, programs - 1 - pid, AHEAD_SLOTS, AHEAD_PARTS, AHEAD_BYTES, AHEAD_STRIDE,
              AHEAD_CHUNK, AHEAD_THREADS, INTERPRETED)
     y = tl.sum(acc, axis=1).to(dtype)
     if GATED:
