@@ -45,7 +45,9 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b1 whole256", "fast b4 whole256", "fast b8 whole256",
         "fast b1 attention-o", "fast b1 attention-o w16", "fast b1 attention-o t128",
         "fast b1 attention-o n512 t64 w16", "fast b1 attention-o r128", "fast b4 attention-o",
-        "fast b8 attention-o",
+        "fast b8 attention-o", "fast b1 qkv-attention t32", "fast b1 qkv-attention t32 r48",
+        "fast b1 qkv-attention t32 r56", "fast b1 qkv-attention t32 r64", "fast b1 qkv-attention t64 r64",
+        "fast b1 qkv-attention t64 r80",
         "fast b4 rows={}", "fast b8 rows={}", "fast b4 stream per matrix", "fast b8 stream per matrix",
         "fast b4 stream down+o", "fast b8 stream down+o", "fast b4 tensor", "fast b8 tensor", "fast b4 tma 2/SM",
         "fast b8 tma 2/SM", "fast b4 tma prefetch 1", "fast b4 tma prefetch 2", "fast b4 tma prefetch 8",
@@ -61,7 +63,8 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast sampled",
         "fast sampled bisection", "fast sampled split", "fast sampled torch", "fast small",
         "fast small no early_loads", "fast small default shapes", "fast small persistent", "fast small l2 ahead 8M",
-        "fast small attention-o"]
+        "fast small attention-o", "fast small qkv-attention t32", "fast small qkv-attention t64",
+        "fast small qkv-attention t32 r48"]
     launch = {case.name: case.launch for case in made}
     assert launch["fast sampled torch"] == (("sampling", "torch"),) and not launch["fast b1"]
     assert not launch["fast sampled"] and launch["fast b4 rows={}"] == (("rows", ()),)
@@ -161,6 +164,9 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert script.launch_policy(made["fast b1 attention-o r128"].launch).attention_o_registers == 128
     assert script.launch_policy(made["fast b1 attention-o t128"].launch).attention_o_block_t == 128
     assert script.launch_policy(made["fast b4 attention-o"].launch).attention_o_for(256, 4)
+    capped = script.launch_policy(made["fast b1 qkv-attention t64 r80"].launch)
+    assert (capped.qkv_attention_cache, capped.qkv_attention_block_t, capped.qkv_attention_registers) == (256, 64, 80)
+    assert capped.decode_kernels(22, 256) == 22 * 4 + 2 and capped.decode_kernels(22, 257) == 22 * 6 + 2
 
 
 def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
@@ -190,7 +196,10 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast b4 gate/up k128 s3 2/SM", "fast b4 o rowwise k-whole",
                                      "fast b4 qkv+o rowwise k-whole",
                                      *(f"fast b1 attention-o{v}" for v in ("", " w16", " t128", " n512 t64 w16", " r128")),
-                                     "fast b2 attention-o", "fast b4 attention-o", "fast b1 previous defaults",
+                                     "fast b2 attention-o", "fast b4 attention-o",
+                                     *(f"fast b1 qkv-attention {v}" for v in ("t32", "t32 r48", "t32 r56", "t32 r64",
+                                                                              "t64 r64", "t64 r80")),
+                                     "fast b1 previous defaults",
                                      "fast b2 previous defaults", "fast b4 previous defaults",
                                      "fast sampled", "fast sampled bisection", "fast sampled split",
                                      "fast sampled torch"}
