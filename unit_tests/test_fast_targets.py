@@ -39,6 +39,9 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b1 previous defaults", "fast b4 previous defaults",
         "fast b4 gate/up k128 s3 2/SM", "fast b8 gate/up k128 s3 2/SM", "fast b4 o rowwise k-whole",
         "fast b4 qkv+o rowwise k-whole", "fast b8 o rowwise k-whole", "fast b8 qkv+o rowwise k-whole",
+        "fast b4 down rowwise n4", "fast b4 down rowwise n2", "fast b4 gate/up rowwise n4", "fast b4 gate/up rowwise n2",
+        "fast b4 down+gate/up rowwise n4", "fast b4 down+gate/up rowwise n2", "fast b4 qkv tma 80 programs",
+        "fast b4 qkv tma 200 programs", "fast b4 down tma 80 programs", "fast b4 down tma 200 programs",
         "fast b4 l2 ahead 8M", "fast b4 l2 ahead 24M", "fast b4 l2 ahead 8M attention", "fast b8 l2 ahead 8M",
         "fast b8 l2 ahead 24M", "fast b8 l2 ahead 8M attention",
         "fast b1 t256 w8", "fast b4 t256 w8", "fast b8 t256 w8",
@@ -164,6 +167,13 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert script.launch_policy(made["fast b1 attention-o r128"].launch).attention_o_registers == 128
     assert script.launch_policy(made["fast b1 attention-o t128"].launch).attention_o_block_t == 128
     assert script.launch_policy(made["fast b4 attention-o"].launch).attention_o_for(256, 4)
+    both = script.launch_policy(made["fast b4 down+gate/up rowwise n2"].launch)
+    assert {both.rows_launch(n, k, gated, 4) for n, k, gated in ((2048, 5632, False), (5632, 2048, True))} == {
+        script.launch_policy(()).rows_launch(2048, 2048, False, 4)}  # o's default launch at 4 rows: (2, 2048)
+    assert both.rows_launch(2560, 2048, False, 4).kernel == "tma"  # the rest as they were
+    split = script.launch_policy(made["fast b4 down tma 200 programs"].launch)
+    assert split.rows_launch(2048, 5632, False, 4).target_programs == 200
+    assert split.rows_launch(2560, 2048, False, 4).target_programs == 0
     capped = script.launch_policy(made["fast b1 qkv-attention t64 r80"].launch)
     assert (capped.qkv_attention_cache, capped.qkv_attention_block_t, capped.qkv_attention_registers) == (256, 64, 80)
     assert capped.decode_kernels(22, 256) == 22 * 4 + 2 and capped.decode_kernels(22, 257) == 22 * 6 + 2
@@ -195,6 +205,9 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      "fast prompt 24 whole256",
                                      "fast b4 gate/up k128 s3 2/SM", "fast b4 o rowwise k-whole",
                                      "fast b4 qkv+o rowwise k-whole",
+                                     *(f"fast b4 {m} rowwise n{n}" for m in ("down", "gate/up", "down+gate/up")
+                                       for n in (4, 2)),
+                                     *(f"fast b4 {m} tma {p} programs" for m in ("qkv", "down") for p in (80, 200)),
                                      *(f"fast b1 attention-o{v}" for v in ("", " w16", " t128", " n512 t64 w16", " r128")),
                                      "fast b2 attention-o", "fast b4 attention-o",
                                      *(f"fast b1 qkv-attention {v}" for v in ("t32", "t32 r48", "t32 r56", "t32 r64",

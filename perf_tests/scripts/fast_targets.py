@@ -174,6 +174,21 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
                    launch=(("rows_added", tuple(((*WHOLE_K[name][0], 1 << (b - 1).bit_length()),
                                                  ("rowwise", WHOLE_K[name][1])) for name in names)),))
               for b in batch_sizes if 4 <= b <= 8 for label, names in (("o", ("o",)), ("qkv+o", ("qkv", "o")))]
+    # at 4 rows, down and [gate; up] one row at a time in the one-row kernel's tiles (4 or 2 weight
+    # rows x 2048 columns), as o runs by default: register kernels that can share an SM with the
+    # TMA kernel before them and load their weights before the wait, where a TMA program (120-217
+    # KB of shared memory) starts only once the one before it on its SM has left
+    found += [Case(f"fast b4 {label} rowwise n{n}", "fast", model, batch_size=4,
+                   launch=(("rows_added", tuple(((*matrix, 4), ("rowwise", (n, 2048, 4, 1))) for matrix in matrices)),))
+              for label, matrices in (("down", ((2048, 5632, False),)), ("gate/up", ((5632, 2048, True),)),
+                                      ("down+gate/up", ((2048, 5632, False), (5632, 2048, True))))
+              for n in (4, 2) if 4 in batch_sizes]
+    # at 4 rows, [q; k; v] and down in the TMA kernel split over K into about 80 or 200 programs
+    # (the default: about one per SM, 120 and 128)
+    found += [Case(f"fast b4 {label} tma {programs} programs", "fast", model, batch_size=4,
+                   launch=(("rows_added", (((*matrix, 4), ("tma", None, programs)),)),))
+              for label, matrix in (("qkv", (2560, 2048, False)), ("down", (2048, 5632, False)))
+              for programs in (80, 200) if 4 in batch_sizes]
     found += [case for b in batch_sizes if b != 1 for case in l2_ahead_cases(model, b)]
     # the decode attention over a cache of 256 positions in one tile of 8 warps: each head's keys and
     # values read before the wait, one range, no combine kernel (the default: 2 ranges of 128 and a
