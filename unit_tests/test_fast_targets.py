@@ -42,6 +42,7 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b4 down rowwise n4", "fast b4 down rowwise n2", "fast b4 gate/up rowwise n4", "fast b4 gate/up rowwise n2",
         "fast b4 down+gate/up rowwise n4", "fast b4 down+gate/up rowwise n2", "fast b4 qkv tma 80 programs",
         "fast b4 qkv tma 200 programs", "fast b4 down tma 80 programs", "fast b4 down tma 200 programs",
+        "fast b4 gate/up l2 2", "fast b4 gate/up l2 8", "fast b4 down l2 8", "fast b4 gate/up+down s2 down l2 8",
         "fast b4 l2 ahead 8M", "fast b4 l2 ahead 24M", "fast b4 l2 ahead 8M attention", "fast b8 l2 ahead 8M",
         "fast b8 l2 ahead 24M", "fast b8 l2 ahead 8M attention",
         "fast b1 t256 w8", "fast b4 t256 w8", "fast b8 t256 w8",
@@ -171,6 +172,9 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert {both.rows_launch(n, k, gated, 4) for n, k, gated in ((2048, 5632, False), (5632, 2048, True))} == {
         script.launch_policy(()).rows_launch(2048, 2048, False, 4)}  # o's default launch at 4 rows: (2, 2048)
     assert both.rows_launch(2560, 2048, False, 4).kernel == "tma"  # the rest as they were
+    early = script.launch_policy(made["fast b4 gate/up+down s2 down l2 8"].launch)
+    assert early.rows_launch(2048, 5632, False, 4).l2_tiles == 8 and early.rows_launch(5632, 2048, True, 4).l2_tiles == 0
+    assert early.rows_launch(5632, 2048, True, 4).config.num_stages == 2
     split = script.launch_policy(made["fast b4 down tma 200 programs"].launch)
     assert split.rows_launch(2048, 5632, False, 4).target_programs == 200
     assert split.rows_launch(2560, 2048, False, 4).target_programs == 0
@@ -208,6 +212,8 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      *(f"fast b4 {m} rowwise n{n}" for m in ("down", "gate/up", "down+gate/up")
                                        for n in (4, 2)),
                                      *(f"fast b4 {m} tma {p} programs" for m in ("qkv", "down") for p in (80, 200)),
+                                     "fast b4 gate/up l2 2", "fast b4 gate/up l2 8", "fast b4 down l2 8",
+                                     "fast b4 gate/up+down s2 down l2 8",
                                      *(f"fast b1 attention-o{v}" for v in ("", " w16", " t128", " n512 t64 w16", " r128")),
                                      "fast b2 attention-o", "fast b4 attention-o",
                                      *(f"fast b1 qkv-attention {v}" for v in ("t32", "t32 r48", "t32 r56", "t32 r64",

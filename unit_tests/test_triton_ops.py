@@ -270,6 +270,27 @@ def assert_launch_after_launch(kernels, launch, policy: dict, shape: str, varian
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_a_matrix_launch_asks_l2_for_its_own_tiles_before_the_wait(kernels, monkeypatch, dtype):
+    """`RowsLaunch("tma", l2_tiles=n)`: that matrix's programs ask L2 for their first n weight
+    tiles before the wait (at least the policy's `tma_prefetch`), the others as the policy says;
+    the function is the specification's."""
+    from inferlab.fast.kernels import projections
+
+    asked = []
+    real = projections.gemv_tma
+    monkeypatch.setattr(projections, "gemv_tma", lambda *args, **kwargs: asked.append(args[7]) or real(*args, **kwargs))
+    config = kernels.LaunchConfig(block_n=16, block_k=32, num_warps=4, num_stages=2)
+    N, K = SHAPES["two-tiles"]
+    x, weight, kwargs = gemv_case(5, "two-tiles", "norm", dtype)
+    for launch, policy, tiles in ((kernels.RowsLaunch("tma", config, l2_tiles=2), {}, 2),
+                                  (kernels.RowsLaunch("tma", config), {}, 0),
+                                  (kernels.RowsLaunch("tma", config, l2_tiles=1), {"tma_prefetch": 2}, 2)):
+        run = kernels.LaunchPolicy(rows={(N, K, False, 8): launch}, **policy)
+        assert_same_function(kernels.gemv(x, weight, policy=run, **kwargs), decode_ops.gemv(x, weight, **kwargs))
+        assert asked.pop() == tiles
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("variant", ["plain", "norm", "residual", "gated", "logits"])
 # one program (every tile whole); 7 (tiles cut between programs, one program holding the end of one

@@ -189,6 +189,19 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
                    launch=(("rows_added", (((*matrix, 4), ("tma", None, programs)),)),))
               for label, matrix in (("qkv", (2560, 2048, False)), ("down", (2048, 5632, False)))
               for programs in (80, 200) if 4 in batch_sizes]
+    # at 4 rows, [gate; up] (after o's register kernel, beside whose programs its TMA programs can
+    # start) asking L2 for its first 2 or 8 weight tiles before the wait; down the same (after
+    # [gate; up]'s TMA programs, which leave it no room); and both in two stages (145 and 80 KB of
+    # shared memory: one program of each fits an SM) with down's first 8 tiles asked of L2
+    tma_s2 = (64, 256, 4, 2)
+    found += [Case(f"fast b4 {label}", "fast", model, batch_size=4, launch=(("rows_added", launches),))
+              for label, launches in (
+                  ("gate/up l2 2", (((5632, 2048, True, 4), ("tma", None, 0, False, 2)),)),
+                  ("gate/up l2 8", (((5632, 2048, True, 4), ("tma", None, 0, False, 8)),)),
+                  ("down l2 8", (((2048, 5632, False, 4), ("tma", None, 0, False, 8)),)),
+                  ("gate/up+down s2 down l2 8", (((5632, 2048, True, 4), ("tma", tma_s2)),
+                                                 ((2048, 5632, False, 4), ("tma", tma_s2, 0, False, 8)))))
+              if 4 in batch_sizes]
     found += [case for b in batch_sizes if b != 1 for case in l2_ahead_cases(model, b)]
     # the decode attention over a cache of 256 positions in one tile of 8 warps: each head's keys and
     # values read before the wait, one range, no combine kernel (the default: 2 ranges of 128 and a

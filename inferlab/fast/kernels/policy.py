@@ -80,12 +80,14 @@ class RowsLaunch:
     the split-K target (programs, 0: no split) and whether the first weight tile is loaded before
     the wait; for "stream", its programs (0: the policy's `stream_per_sm` per SM) and whether the
     first unit's weights are loaded before the wait; for "tma", the split-K target (0: the
-    policy's `tma_per_sm` per SM)."""
+    policy's `tma_per_sm` per SM) and `l2_tiles`, the weight tiles each program asks L2 for
+    before the wait (at least the policy's `tma_prefetch`)."""
 
     kernel: str = "tensor"
     config: LaunchConfig | None = None
     target_programs: int = 0
     prefetch: bool = False
+    l2_tiles: int = 0
 
     def __post_init__(self) -> None:
         if self.kernel not in BATCHED_KERNELS:
