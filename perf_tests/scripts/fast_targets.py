@@ -189,15 +189,17 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
                    launch=(("rows_added", (((*matrix, 4), ("tma", None, programs)),)),))
               for label, matrix in (("qkv", (2560, 2048, False)), ("down", (2048, 5632, False)))
               for programs in (80, 200) if 4 in batch_sizes]
-    # at 4 rows, [gate; up] (after o's register kernel, beside whose programs its TMA programs can
-    # start) asking L2 for its first 2 or 8 weight tiles before the wait; down the same (after
-    # [gate; up]'s TMA programs, which leave it no room); and both in two stages (145 and 80 KB of
-    # shared memory: one program of each fits an SM) with down's first 8 tiles asked of L2
+    # [gate; up] asking L2 for its first 1, 2, 4 or 8 weight tiles before the wait (at 4 rows after
+    # o's register kernel, beside whose programs its TMA programs can start; at 8 and 16 after o's
+    # TMA programs); at 4 rows down the same (after [gate; up]'s TMA programs, which leave it no
+    # room), and both in two stages (145 and 80 KB of shared memory: one program of each fits an
+    # SM) with down's first 8 tiles asked of L2
     tma_s2 = (64, 256, 4, 2)
+    found += [Case(f"fast b{b} gate/up l2 {tiles}", "fast", model, batch_size=b,
+                   launch=(("rows_added", (((5632, 2048, True, b), ("tma", None, 0, False, tiles)),)),))
+              for b in batch_sizes if b in (4, 8, 16) for tiles in (1, 2, 4, 8)]
     found += [Case(f"fast b4 {label}", "fast", model, batch_size=4, launch=(("rows_added", launches),))
               for label, launches in (
-                  ("gate/up l2 2", (((5632, 2048, True, 4), ("tma", None, 0, False, 2)),)),
-                  ("gate/up l2 8", (((5632, 2048, True, 4), ("tma", None, 0, False, 8)),)),
                   ("down l2 8", (((2048, 5632, False, 4), ("tma", None, 0, False, 8)),)),
                   ("gate/up+down s2 down l2 8", (((5632, 2048, True, 4), ("tma", tma_s2)),
                                                  ((2048, 5632, False, 4), ("tma", tma_s2, 0, False, 8)))))
