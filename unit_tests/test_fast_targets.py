@@ -42,7 +42,7 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b4 down rowwise n4", "fast b4 down rowwise n2", "fast b4 gate/up rowwise n4", "fast b4 gate/up rowwise n2",
         "fast b4 down+gate/up rowwise n4", "fast b4 down+gate/up rowwise n2", "fast b4 qkv tma 80 programs",
         "fast b4 qkv tma 200 programs", "fast b4 down tma 80 programs", "fast b4 down tma 200 programs",
-        *(f"fast b{b} gate/up l2 {tiles}" for b in (4, 8) for tiles in (1, 2, 4, 8)),
+        *(f"fast b{b} gate/up l2 {tiles}" for b in (4, 8) for tiles in (0, 1, 2, 4, 8)),
         "fast b4 down l2 8", "fast b4 gate/up+down s2 down l2 8",
         "fast b4 l2 ahead 8M", "fast b4 l2 ahead 24M", "fast b4 l2 ahead 8M attention", "fast b8 l2 ahead 8M",
         "fast b8 l2 ahead 24M", "fast b8 l2 ahead 8M attention",
@@ -127,7 +127,7 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert stream_tma.rows_launch(32000, 2048, False, 4) == kernels.MEASURED_ROWS[32000, 2048, False, 4]
     narrow = script.launch_policy(made["fast b4 tma narrow n16"].launch)
     assert narrow.rows_launch(2048, 5632, False, 4) == kernels.RowsLaunch("tma", kernels.LaunchConfig(16, 256, 4, 4))
-    assert narrow.rows_launch(5632, 2048, True, 4) == kernels.RowsLaunch("tma", kernels.TMA_GEMV)
+    assert narrow.rows_launch(5632, 2048, True, 4) == kernels.MEASURED_ROWS[5632, 2048, True, 4]  # not narrowed: kept
     assert narrow.rows_launch(32000, 2048, False, 4) == kernels.MEASURED_ROWS[32000, 2048, False, 4]
     every = script.launch_policy(made["fast b4 tma all n16 prefetch 8"].launch)
     assert every.rows_launch(5632, 2048, True, 4) == every.rows_launch(2560, 2048, False, 4) == kernels.RowsLaunch(
@@ -213,7 +213,7 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      *(f"fast b4 {m} rowwise n{n}" for m in ("down", "gate/up", "down+gate/up")
                                        for n in (4, 2)),
                                      *(f"fast b4 {m} tma {p} programs" for m in ("qkv", "down") for p in (80, 200)),
-                                     *(f"fast b4 gate/up l2 {tiles}" for tiles in (1, 2, 4, 8)), "fast b4 down l2 8",
+                                     *(f"fast b4 gate/up l2 {tiles}" for tiles in (0, 1, 2, 4, 8)), "fast b4 down l2 8",
                                      "fast b4 gate/up+down s2 down l2 8",
                                      *(f"fast b1 attention-o{v}" for v in ("", " w16", " t128", " n512 t64 w16", " r128")),
                                      "fast b2 attention-o", "fast b4 attention-o",

@@ -119,10 +119,14 @@ TENSOR_ROWS: dict[tuple[int, int, bool, int], RowsLaunch] = {
 # at 16; the step at batch 16 1.207 against 1.221 ms: docs/perf/h200/tma.md)
 # and at 4 rows o one row at a time in the one-row kernel's tile as wide as K, its weight loaded
 # before waiting on the attention: the batch-4 step 2.1-2.5% faster on an H100 in three runs, 4.5%
-# slower at 8 rows (docs/perf/h100/attention-o.md)
+# slower at 8 rows (docs/perf/h100/attention-o.md);
+# and [gate; up]'s programs asking L2 for their first 4 weight tiles (of 8) before the wait: on an
+# H100 the step 2.8% / 2.0% / 1.8% faster at batches 4 / 8 / 16 than without, where 1 or 2 tiles
+# gave 1.9-2.7% / 1.5-1.7% / 0.9% and 8 tiles +0.5% at batch 4 (docs/perf/h100/qkv-attention.md)
 MEASURED_ROWS: dict[tuple[int, int, bool, int], RowsLaunch] = {
     **{(32000, 2048, False, rows): RowsLaunch("tma", TMA_HEAD) for rows in (4, 8, 16)},
     (2048, 2048, False, 4): RowsLaunch("rowwise", LaunchConfig(2, 2048, 4, 1)),
+    **{(5632, 2048, True, rows): RowsLaunch("tma", l2_tiles=4) for rows in (4, 8, 16)},
 }
 
 
@@ -167,7 +171,8 @@ class LaunchPolicy:
     tma_gemv: LaunchConfig = TMA_GEMV
     tma_per_sm: int = TMA_PER_SM
     # batched "tma": each program asks L2 for its first this many weight tiles before waiting on
-    # the previous kernel (0: none), as the one-row kernel loads its first tile there
+    # the previous kernel (0: none), as the one-row kernel loads its first tile there; a matrix's
+    # own launch may ask for more (`RowsLaunch.l2_tiles`: [gate; up]'s 4 in `MEASURED_ROWS`)
     tma_prefetch: int = 0
     # batched "tma": each program's first weight tile copied into shared memory before the wait
     # (32 KB more a program in 64 x 256 tiles, 64 KB for [gate; up])
