@@ -199,6 +199,12 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found += [Case(f"fast b{b} gate/up l2 {tiles}", "fast", model, batch_size=b,
                    launch=(("rows_added", (((5632, 2048, True, b), ("tma", None, 0, False, tiles)),)),))
               for b in batch_sizes if b in (4, 8, 16) for tiles in (0, 1, 2, 4, 8)]
+    # the same for o at 8 and 16 rows (TMA programs after the attention's register kernel) and
+    # [q; k; v] (after down's TMA programs)
+    found += [Case(f"fast b{b} {label} l2 {tiles}", "fast", model, batch_size=b,
+                   launch=(("rows_added", (((*matrix, b), ("tma", None, 0, False, tiles)),)),))
+              for label, matrix, sizes in (("o", (2048, 2048, False), (8, 16)), ("qkv", (2560, 2048, False), (4, 8, 16)))
+              for b in batch_sizes if b in sizes for tiles in (1, 2)]
     found += [Case(f"fast b4 {label}", "fast", model, batch_size=4, launch=(("rows_added", launches),))
               for label, launches in (
                   ("down l2 8", (((2048, 5632, False, 4), ("tma", None, 0, False, 8)),)),
