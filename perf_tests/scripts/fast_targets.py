@@ -205,6 +205,12 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
                    launch=(("rows_added", (((*matrix, b), ("tma", None, 0, False, tiles)),)),))
               for label, matrix, sizes in (("o", (2048, 2048, False), (8, 16)), ("qkv", (2560, 2048, False), (4, 8, 16)))
               for b in batch_sizes if b in sizes for tiles in (1, 2)]
+    # both with their first tile asked of L2 (o at 8 and 16 rows; at 4 it runs one row at a time)
+    found += [Case(f"fast b{b} qkv+o l2 1", "fast", model, batch_size=b,
+                   launch=(("rows_added", tuple(((*matrix, b), ("tma", None, 0, False, 1))
+                                                for matrix in ((2560, 2048, False), (2048, 2048, False))
+                                                if b != 4 or matrix[0] != 2048)),))
+              for b in batch_sizes if b in (4, 8, 16)]
     found += [Case(f"fast b4 {label}", "fast", model, batch_size=4, launch=(("rows_added", launches),))
               for label, launches in (
                   ("down l2 8", (((2048, 5632, False, 4), ("tma", None, 0, False, 8)),)),
