@@ -10,7 +10,7 @@ from inferlab.fast import spec as decode_ops
 pytest.importorskip("triton", reason="Triton is not installed (requirements/test.txt installs it)")
 
 from test_triton_ops import (DEVICE, DTYPES, assert_same_function, attention_inputs, draw,  # noqa: E402,F401
-                             kernels)  # kernels: the fixture
+                             kernels, traced_step)  # kernels: the fixture
 
 
 def layer_inputs(M, heads, kv_heads, hd, T, hidden, dtype):
@@ -87,19 +87,10 @@ def test_the_policy_fuses_attention_and_o_up_to_its_cache_length_and_rows(kernel
 
 
 def test_the_step_trace_shows_attention_and_o_as_one_kernel_where_the_policy_fuses_them(kernels, tiny):
-    from inferlab.fast.engine import FastLlama
-    from inferlab.look.fast_trace import RecordingOps
-    from inferlab.model.registry import load_model
-
-    net = FastLlama(tiny.model if DEVICE.type == "cpu" else load_model("tiny-random", DEVICE, torch.float32).model)
-    layers = len(net.layers)
-    results = []
-    for policy, layer in ((kernels.LaunchPolicy(attention_o_cache=16), ["gemv", "attention_o", "gemv", "gemv"]),
-                          (kernels.DEFAULT_POLICY, ["gemv", "attention_decode", "gemv", "gemv", "gemv"])):
-        cache = net.new_cache(1, 16)
-        ops = RecordingOps(kernels.Kernels(pdl=False, policy=policy), net, cache)
-        results.append(net.decode(torch.tensor([[3]], device=DEVICE), torch.tensor([5], device=DEVICE), cache, ops))
-        assert [call.kernel for call in ops.calls] == layer * layers + ["gemv"]
-        fused = [call for call in ops.calls if call.kernel == "attention_o"]
-        assert all(call.role == "attention and o projection" and call.output == (1, 64) for call in fused)
-    torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-5)
+    fused_calls, fused, layers = traced_step(kernels, tiny, kernels.LaunchPolicy(attention_o_cache=16))
+    calls, default, _ = traced_step(kernels, tiny, kernels.DEFAULT_POLICY)
+    assert [call.kernel for call in fused_calls] == ["gemv", "attention_o", "gemv", "gemv"] * layers + ["gemv"]
+    assert [call.kernel for call in calls] == ["gemv", "attention_decode", "gemv", "gemv", "gemv"] * layers + ["gemv"]
+    fused_layers = [call for call in fused_calls if call.kernel == "attention_o"]
+    assert all(call.role == "attention and o projection" and call.output == (1, 64) for call in fused_layers)
+    torch.testing.assert_close(fused, default, rtol=1e-5, atol=1e-5)

@@ -9,7 +9,8 @@ from inferlab.fast import spec as decode_ops
 
 pytest.importorskip("triton", reason="Triton is not installed (requirements/test.txt installs it)")
 
-from test_triton_ops import DEVICE, DTYPES, assert_same_function, attention_inputs, draw, kernels  # noqa: E402,F401
+from test_triton_ops import (DEVICE, DTYPES, assert_same_function, attention_inputs, draw, kernels,  # noqa: E402,F401
+                             traced_step)
 
 
 def layer_inputs(M, heads, kv_heads, hd, T, hidden, dtype):
@@ -113,20 +114,11 @@ def test_a_layers_first_half_runs_the_fused_launch_where_the_policy_fuses_it(ker
 
 
 def test_the_step_trace_shows_projection_and_attention_as_one_launch_where_the_policy_fuses_them(kernels, tiny):
-    from inferlab.fast.engine import FastLlama
-    from inferlab.look.fast_trace import RecordingOps
-    from inferlab.model.registry import load_model
-
-    net = FastLlama(tiny.model if DEVICE.type == "cpu" else load_model("tiny-random", DEVICE, torch.float32).model)
-    layers = len(net.layers)
-    results = []
-    for policy, layer in ((kernels.LaunchPolicy(qkv_attention_cache=16), ["qkv_attention", "gemv", "gemv", "gemv"]),
-                          (kernels.DEFAULT_POLICY, ["gemv", "attention_decode", "gemv", "gemv", "gemv"])):
-        cache = net.new_cache(1, 16)
-        ops = RecordingOps(kernels.Kernels(pdl=False, policy=policy), net, cache)
-        results.append(net.decode(torch.tensor([[3]], device=DEVICE), torch.tensor([5], device=DEVICE), cache, ops))
-        assert [call.kernel for call in ops.calls] == layer * layers + ["gemv"]
-        fused = [call for call in ops.calls if call.kernel == "qkv_attention"]
-        assert [call.layer for call in fused] == (list(range(layers)) if "qkv_attention" in layer else [])
-        assert all(call.role == "[q; k; v] projection and attention" and call.output == (1, 64) for call in fused)
-    torch.testing.assert_close(results[0], results[1], rtol=1e-5, atol=1e-5)
+    fused_calls, fused, layers = traced_step(kernels, tiny, kernels.LaunchPolicy(qkv_attention_cache=16))
+    calls, default, _ = traced_step(kernels, tiny, kernels.DEFAULT_POLICY)
+    assert [call.kernel for call in fused_calls] == ["qkv_attention", "gemv", "gemv", "gemv"] * layers + ["gemv"]
+    assert [call.kernel for call in calls] == ["gemv", "attention_decode", "gemv", "gemv", "gemv"] * layers + ["gemv"]
+    fused_layers = [call for call in fused_calls if call.kernel == "qkv_attention"]
+    assert [call.layer for call in fused_layers] == list(range(layers))
+    assert all(call.role == "[q; k; v] projection and attention" and call.output == (1, 64) for call in fused_layers)
+    torch.testing.assert_close(fused, default, rtol=1e-5, atol=1e-5)

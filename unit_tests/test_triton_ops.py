@@ -545,6 +545,20 @@ def test_the_measured_batched_launches_are_the_shapes_the_engine_runs(kernels, t
         assert policy.rows_launch(n, k, gated, rows) == launch
 
 
+def traced_step(kernels, tiny, policy) -> tuple:
+    """One decode step of tiny-random (fp32) at position 5 of a 16-position cache, through
+    `RecordingOps` over the kernels in `policy`: (its recorded calls, its logits, the layers)."""
+    from inferlab.fast.engine import FastLlama
+    from inferlab.look.fast_trace import RecordingOps
+    from inferlab.model.registry import load_model
+
+    net = FastLlama(tiny.model if DEVICE.type == "cpu" else load_model("tiny-random", DEVICE, torch.float32).model)
+    cache = net.new_cache(1, 16)
+    ops = RecordingOps(kernels.Kernels(pdl=False, policy=policy), net, cache)
+    logits = net.decode(torch.tensor([[3]], device=DEVICE), torch.tensor([5], device=DEVICE), cache, ops)
+    return ops.calls, logits, len(net.layers)
+
+
 def attention_inputs(M, heads, kv_heads, hd, T, dtype):
     """qkv [M, (heads + 2 kv_heads) hd], RoPE tables cos, sin [T, hd] (half-split layout) and
     caches [M, kv_heads, T, hd], drawn from fixed seeds (the caches' seeds 7 and 8)."""

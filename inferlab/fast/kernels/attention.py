@@ -49,6 +49,22 @@ def _attend_cached(k_ptr, v_ptr, cache_at, stride_ct, d, q, scale, best, total, 
 
 
 @triton.jit
+def _early_reads(cos_ptr, sin_ptr, k_ptr, v_ptr, pos, cache_at, stride_ct, d, t_begin, t_end, HD: tl.constexpr,
+                 BLOCK_T: tl.constexpr):
+    """What a decode attention program may read before its wait (written before the step began):
+    the rotary tables at `pos` (float32 [HD]), and the cached keys and values [BLOCK_T, HD] of the
+    positions t_begin .. t_begin + BLOCK_T below t_end (zeros past it), with that mask."""
+    cos = tl.load(cos_ptr + pos * HD + d).to(tl.float32)
+    sin = tl.load(sin_ptr + pos * HD + d).to(tl.float32)
+    t = t_begin + tl.arange(0, BLOCK_T)
+    valid = t < t_end
+    at = cache_at + t[:, None] * stride_ct + d[None, :]
+    keys = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
+    values = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
+    return cos, sin, keys, values, valid
+
+
+@triton.jit
 def _new_token(row, h, kv, cos, sin, d, partner, NH: tl.constexpr, KVH: tl.constexpr, HD: tl.constexpr, dtype,
                FROM_L2: tl.constexpr = False):
     """The new token's q of query head h (RoPE'd, rounded to `dtype`, as float32), and k (RoPE'd)
@@ -109,14 +125,9 @@ def _attention_decode_kernel(
     pos = tl.load(pos_ptr)
     t_begin = r * RANGE
     t_end = tl.minimum(t_begin + RANGE, pos) if RANGE else pos
-    cos = tl.load(cos_ptr + pos * HD + d).to(tl.float32)
-    sin = tl.load(sin_ptr + pos * HD + d).to(tl.float32)
     cache_at = m * stride_cm + kv * stride_ch
-    t = t_begin + tl.arange(0, BLOCK_T)
-    valid = t < t_end
-    at = cache_at + t[:, None] * stride_ct + d[None, :]
-    keys = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
-    values = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
+    cos, sin, keys, values, valid = _early_reads(cos_ptr, sin_ptr, k_ptr, v_ptr, pos, cache_at, stride_ct, d, t_begin,
+                                                 t_end, HD, BLOCK_T)
     _warm_l2(ahead_ptr, pid, AHEAD_SLOTS, AHEAD_PARTS, AHEAD_BYTES, AHEAD_STRIDE, AHEAD_CHUNK, AHEAD_THREADS,
              INTERPRETED)
     if PDL:

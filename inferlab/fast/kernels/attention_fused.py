@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inferlab.fast.kernels.attention import _attend, _attend_cached, _rope
+from inferlab.fast.kernels.attention import _attend, _attend_cached, _early_reads, _rope
 from inferlab.fast.kernels.launch import _launch_options, _use_pdl, kept
 
 
@@ -48,14 +48,9 @@ def _attention_o_kernel(
     w = tl.load(wo_ptr + offs_n.to(tl.int64)[:, None] * (NH * HD) + h * HD + d[None, :], mask=mask_n[:, None],
                 other=0.0)  # [BLOCK_N, HD]: a weight, never written
     pos = tl.load(pos_ptr)
-    cos = tl.load(cos_ptr + pos * HD + d).to(tl.float32)
-    sin = tl.load(sin_ptr + pos * HD + d).to(tl.float32)
     cache_at = m * stride_cm + kv * stride_ch
-    t = tl.arange(0, BLOCK_T)
-    valid = t < pos
-    at = cache_at + t[:, None] * stride_ct + d[None, :]
-    keys = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)
-    values = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
+    cos, sin, keys, values, valid = _early_reads(cos_ptr, sin_ptr, k_ptr, v_ptr, pos, cache_at, stride_ct, d, 0, pos,
+                                                 HD, BLOCK_T)
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()  # the q, k, v of this token and the residual come from earlier kernels

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inferlab.fast.kernels.attention import _attend, _attend_cached, _attention_output, _new_token
+from inferlab.fast.kernels.attention import _attend, _attend_cached, _attention_output, _early_reads, _new_token
 from inferlab.fast.kernels.grid import SPIN_LIMIT, _grid_arrive, _grid_wait, interpreted, wait_errors
 from inferlab.fast.kernels.launch import _launch_options, _use_pdl, kept
 from inferlab.fast.kernels.policy import LaunchConfig
@@ -65,14 +65,9 @@ def _qkv_attention_kernel(
         partner = (d + HD // 2) % HD
         dtype = k_ptr.dtype.element_ty
         pos = tl.load(pos_ptr)
-        cos = tl.load(cos_ptr + pos * HD + d).to(tl.float32)
-        sin = tl.load(sin_ptr + pos * HD + d).to(tl.float32)
         cache_at = m * stride_cm + kv * stride_ch
-        t = tl.arange(0, BLOCK_T)
-        valid = t < pos
-        at = cache_at + t[:, None] * stride_ct + d[None, :]
-        keys = tl.load(k_ptr + at, mask=valid[:, None], other=0.0)  # written in earlier steps
-        values = tl.load(v_ptr + at, mask=valid[:, None], other=0.0)
+        cos, sin, keys, values, valid = _early_reads(cos_ptr, sin_ptr, k_ptr, v_ptr, pos, cache_at, stride_ct, d, 0,
+                                                     pos, HD, BLOCK_T)
         if PDL:
             tl.extra.cuda.gdc_launch_dependents()
         count = counts_ptr + m * KVH + kv
