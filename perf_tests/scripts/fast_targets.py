@@ -109,6 +109,8 @@ STREAM_FASTEST = {(5632, 2048, True): ((64, 128, 4, 3), 264), (2048, 5632, False
 NARROW_OUTPUTS = ((2048, 5632, False), (2048, 2048, False))
 
 
+# the LM head's TMA tile at batches (`kernels.TMA_HEAD`'s fields: the default's launch for it)
+TMA_HEAD_FIELDS = (128, 128, 4, 3)
 # TinyLlama's narrow matrices (N, K): [q; k; v], o, down
 NARROW_TMA = ((2560, 2048), (2048, 2048), (2048, 5632))
 
@@ -205,11 +207,16 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
                    launch=(("rows_added", (((*matrix, b), ("tma", None, 0, False, tiles)),)),))
               for label, matrix, sizes in (("o", (2048, 2048, False), (8, 16)), ("qkv", (2560, 2048, False), (4, 8, 16)))
               for b in batch_sizes if b in sizes for tiles in (1, 2)]
-    # both with their first tile asked of L2 (o at 8 and 16 rows; at 4 it runs one row at a time)
-    found += [Case(f"fast b{b} qkv+o l2 1", "fast", model, batch_size=b,
-                   launch=(("rows_added", tuple(((*matrix, b), ("tma", None, 0, False, 1))
-                                                for matrix in ((2560, 2048, False), (2048, 2048, False))
-                                                if b != 4 or matrix[0] != 2048)),))
+    # both with their first tile asked of L2 (o at 8 and 16 rows; at 4 it runs one row at a time);
+    # down (after [gate; up]'s TMA programs) and the LM head (after down's) with theirs, alone and
+    # with both
+    one_tile = {"qkv": (2560, 2048, False), "o": (2048, 2048, False), "down": (2048, 5632, False)}
+    found += [Case(f"fast b{b} {label} l2 1", "fast", model, batch_size=b,
+                   launch=(("rows_added", tuple(((*one_tile[name], b), ("tma", None, 0, False, 1))
+                                                for name in label.split("+") if b != 4 or name != "o")),))
+              for b in batch_sizes if b in (4, 8, 16) for label in ("qkv+o", "down", "qkv+o+down")]
+    found += [Case(f"fast b{b} head l2 1", "fast", model, batch_size=b,
+                   launch=(("rows_added", (((32000, 2048, False, b), ("tma", TMA_HEAD_FIELDS, 0, False, 1)),)),))
               for b in batch_sizes if b in (4, 8, 16)]
     found += [Case(f"fast b4 {label}", "fast", model, batch_size=4, launch=(("rows_added", launches),))
               for label, launches in (
