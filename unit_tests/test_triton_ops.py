@@ -288,6 +288,8 @@ def test_a_matrix_launch_asks_l2_for_its_own_tiles_before_the_wait(kernels, monk
         run = kernels.LaunchPolicy(rows={(N, K, False, 8): launch}, **policy)
         assert_same_function(kernels.gemv(x, weight, policy=run, **kwargs), decode_ops.gemv(x, weight, **kwargs))
         assert asked.pop() == tiles
+    with pytest.raises(ValueError, match="RowsLaunch l2_tiles must be 0 or more weight tiles, not -1"):
+        kernels.RowsLaunch("tma", l2_tiles=-1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -167,8 +167,8 @@ def attention_block(
 ) -> torch.Tensor:
     """A layer's first half: x + o(attention([q; k; v](RMSNorm(x)))) [M, H], the first three lines
     above. ahead, ahead_gated: the weight a later kernel reads (see `gemv`); no effect on the result."""
-    qkv = gemv(x, wqkv, norm=attn_norm, eps=eps)
-    return attention_o(qkv, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads, wo, x)
+    attended = qkv_attention(x, wqkv, attn_norm, eps, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
+    return gemv(attended, wo, residual=x)
 
 
 def decode_layers(

@@ -131,12 +131,14 @@ class Kernels:
         else the projection and the attention kernel(s)."""
         operands = (cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
         config = self.qkv_attention_config(x, wqkv, k_cache, num_heads, num_kv_heads)
-        if config is not None:
-            return qkv_attention(x, wqkv, attn_norm, eps, *operands, config=config,
-                                 block_t=self.policy.qkv_attention_block_t,
-                                 registers=self.policy.qkv_attention_registers, early=self.policy.early_loads,
-                                 pdl=self.pdl)
-        return self.attention_decode(self.gemv(x, wqkv, norm=attn_norm, eps=eps), *operands)
+        if config is None:
+            return self.attention_decode(self.gemv(x, wqkv, norm=attn_norm, eps=eps), *operands)
+        return self._fused_qkv_attention(config, x, wqkv, attn_norm, eps, *operands)
+
+    def _fused_qkv_attention(self, config: LaunchConfig, *args) -> torch.Tensor:
+        policy = self.policy
+        return qkv_attention(*args, config=config, block_t=policy.qkv_attention_block_t,
+                             registers=policy.qkv_attention_registers, early=policy.early_loads, pdl=self.pdl)
 
     def attention_block(self, x, wqkv, attn_norm, eps, cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads,
                         wo, ahead: torch.Tensor | None = None, ahead_gated: bool = False) -> torch.Tensor:
@@ -144,11 +146,12 @@ class Kernels:
         attention in one launch where the policy fuses them (`qkv_attention`), else the projection
         and `attention_o`."""
         operands = (cos, sin, position, k_cache, v_cache, num_heads, num_kv_heads)
-        if self.qkv_attention_config(x, wqkv, k_cache, num_heads, num_kv_heads) is not None:
-            attended = self.qkv_attention(x, wqkv, attn_norm, eps, *operands)
-            return self.gemv(attended, wo, residual=x, ahead=ahead, ahead_gated=ahead_gated)
-        qkv = self.gemv(x, wqkv, norm=attn_norm, eps=eps)
-        return self.attention_o(qkv, *operands, wo, x, ahead=ahead, ahead_gated=ahead_gated)
+        config = self.qkv_attention_config(x, wqkv, k_cache, num_heads, num_kv_heads)
+        if config is None:
+            qkv = self.gemv(x, wqkv, norm=attn_norm, eps=eps)
+            return self.attention_o(qkv, *operands, wo, x, ahead=ahead, ahead_gated=ahead_gated)
+        attended = self._fused_qkv_attention(config, x, wqkv, attn_norm, eps, *operands)
+        return self.gemv(attended, wo, residual=x, ahead=ahead, ahead_gated=ahead_gated)
 
     def decode_layers(self, *args) -> torch.Tensor:
         return decode_layers(*args, per_sm=self.policy.persistent_per_sm)

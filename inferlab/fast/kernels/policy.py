@@ -92,6 +92,8 @@ class RowsLaunch:
     def __post_init__(self) -> None:
         if self.kernel not in BATCHED_KERNELS:
             raise ValueError(f"RowsLaunch kernel must be one of {list(BATCHED_KERNELS)}, not {self.kernel!r}")
+        if self.l2_tiles < 0:
+            raise ValueError(f"RowsLaunch l2_tiles must be 0 or more weight tiles, not {self.l2_tiles}")
 
 
 # (N, K, gated, rows) -> launch, for `LaunchPolicy(batched="tensor", rows=TENSOR_ROWS)`, the
@@ -121,8 +123,8 @@ TENSOR_ROWS: dict[tuple[int, int, bool, int], RowsLaunch] = {
 # before waiting on the attention: the batch-4 step 2.1-2.5% faster on an H100 in three runs, 4.5%
 # slower at 8 rows (docs/perf/h100/attention-o.md);
 # and [gate; up]'s programs asking L2 for their first 4 weight tiles (of 8) before the wait: on an
-# H100 the step 2.8% / 2.0% / 1.8% faster at batches 4 / 8 / 16 than without, where 1 or 2 tiles
-# gave 1.9-2.7% / 1.5-1.7% / 0.9% and 8 tiles +0.5% at batch 4 (docs/perf/h100/qkv-attention.md)
+# H100 the step 3.2% / 2.3% / 1.2% faster at batches 4 / 8 / 16 than without, where 1 or 2 tiles
+# gained less and 8 tiles lost 0.5% at batch 4 (docs/perf/h100/gate-up-l2.md)
 MEASURED_ROWS: dict[tuple[int, int, bool, int], RowsLaunch] = {
     **{(32000, 2048, False, rows): RowsLaunch("tma", TMA_HEAD) for rows in (4, 8, 16)},
     (2048, 2048, False, 4): RowsLaunch("rowwise", LaunchConfig(2, 2048, 4, 1)),
