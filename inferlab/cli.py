@@ -154,6 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--inject-delay-per-position-us", type=float, default=0.0, metavar="US",
                        help="test the verdicts: each decode step waits US microseconds x its cache position "
                             "(TPOT then grows with the context; off by default)")
+    sweep.add_argument("--max-runs", type=_non_negative_int, default=None, metavar="N",
+                       help="top-up: while a group's hypotheses are INCONCLUSIVE, measure its configurations in more "
+                            "interleaved rounds, up to N runs each (the main job, tox -e sweep, asks for 10); "
+                            "default 0: exactly --runs")
+    sweep.add_argument("--top-up-s", type=_finite_float, default=None, metavar="S",
+                       help="seconds for all top-up rounds together; a round that would end later is not started "
+                            "(default 180)")
     _add_bench_args(sweep, warmup=1)  # per configuration; compiling engines compile in prepare, before it
     _add_sampling_args(sweep)
 
@@ -381,7 +388,8 @@ def cmd_sweep(args) -> int:
         model=args.model or "", engines=tuple(args.engines), output_lengths=tuple(args.output_lengths),
         prompt_lengths=tuple(args.prompt_lengths), batch_sizes=tuple(args.batch_sizes),
         warmup_runs=args.warmup, runs=args.runs, seed=args.seed, sampling=_sampling(args), order=args.order,
-        inject_delay_per_position_us=args.inject_delay_per_position_us,
+        inject_delay_per_position_us=args.inject_delay_per_position_us, max_runs=args.max_runs,
+        top_up_s=sweep.DEFAULT_TOP_UP_S if args.top_up_s is None else args.top_up_s,
     )
     loaded = _load(args)
     sweep.check_all_fit(loaded, config)  # before the folder exists: a refused sweep leaves nothing behind
@@ -631,6 +639,25 @@ def _default_sweep_engines(args) -> tuple[str, ...]:
     return sweep.default_engines(resolve_device(args.device), split)
 
 
+def _sweep_max_runs(args) -> int:
+    """--max-runs (default 0: no top-up), refused above --runs for a sequential sweep and across
+    tensor-parallel ranks, which must run the same rounds while each rank times its own runs (their
+    verdicts could differ). Off by default: the default GPU sweep's eager and hf groups stay
+    undecided at any affordable count on a bimodal host, and the budget would only lengthen it."""
+    from inferlab.model import layouts
+
+    lockstep = layouts.parse_layout(args.layout).kind == "tp"
+    if args.max_runs is None:
+        return 0
+    if args.order == "sequential" and args.max_runs > args.runs:
+        raise UsageError(f"--max-runs {args.max_runs} above --runs {args.runs} adds interleaved rounds: use "
+                         "--order interleaved, or --max-runs 0 with --order sequential")
+    if lockstep and args.max_runs > args.runs:
+        raise UsageError(f"--max-runs {args.max_runs} tops up on verdicts that each tensor-parallel rank would judge "
+                         f"on its own timings: use --max-runs 0 with --layout {args.layout}")
+    return args.max_runs
+
+
 def _launch_if_needed(args, argv: list[str]) -> int | None:
     """For a multi-process layout: check it, then run this same command under torchrun."""
     if not hasattr(args, "layout"):
@@ -685,6 +712,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "sweep" and args.engines is None:
             args.engines = list(_default_sweep_engines(args))
+        if args.command == "sweep":
+            args.max_runs = _sweep_max_runs(args)
         launched = _launch_if_needed(args, argv)
         if launched is not None:
             return launched

@@ -241,3 +241,16 @@ def test_verdicts_serialize_to_plain_dicts():
         data = verdict.to_dict()
         assert set(data) == {"name", "verdict", "numbers", "explanation"}
         assert "\n" not in data["explanation"]
+
+
+def test_a_higher_confidence_widens_every_interval_and_is_named_in_its_line():
+    data = noisy_runs(20.0, 5.0, repeats=8, noise=0.05, seed=2)
+    usual, strict = check_all(LENGTHS, data), check_all(LENGTHS, data, confidence=0.99)
+    for a, b in zip(usual[:2], strict[:2]):
+        assert a.numbers["estimate"] == b.numbers["estimate"]  # the same statistic, on the same resamples
+        assert b.numbers["ci_low"] <= a.numbers["ci_low"] and a.numbers["ci_high"] <= b.numbers["ci_high"]
+    assert [v.numbers["confidence"] for v in usual[:2]] == [0.95, 0.95]
+    assert [v.numbers["confidence"] for v in strict[:2]] == [0.99, 0.99]
+    assert "(95% CI" in usual[0].explanation and "(99% CI" in strict[0].explanation
+    # the tokens/s steps share it: each step at 99%, a fall at 1 - 0.01 / 3
+    assert strict[2].numbers["confidence"] in (0.99, pytest.approx(1 - 0.01 / 3))

@@ -2,16 +2,17 @@
 
 import csv
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from inferlab.look import tables
-from inferlab.suite import sweep
+from inferlab.suite import hypotheses, sweep, top_up
 from inferlab.cli import build_parser, main
 from inferlab.decode.engines import EagerEngine, make_engine
 from inferlab.errors import UsageError
-from inferlab.suite.hypotheses import NOT_ENOUGH_DATA
+from inferlab.suite.hypotheses import HOLDS, INCONCLUSIVE, NOT_ENOUGH_DATA
 from inferlab.storage import new_run_folder
 from inferlab.look.sweep_files import write_outputs
 
@@ -260,6 +261,11 @@ def test_output_beyond_the_context_is_refused_before_anything_runs(tiny, tmp_pat
         (dict(engines=()), "no engines given"),
         (dict(order="random"), "unknown order 'random': use interleaved or sequential"),
         (dict(inject_delay_per_position_us=-1.0), "the injected delay per position must be >= 0 us, got -1.0"),
+        (dict(runs=3, max_runs=2), r"max runs must be 0 \(no top-up\) or at least runs \(3\), got 2"),
+        (dict(max_runs=True), "max runs must be 0"),
+        (dict(runs=3, max_runs=10, order="sequential"), "max runs 10 above runs 3 tops up in interleaved rounds"),
+        (dict(top_up_s=-1.0), "the top-up budget must be a finite number of seconds >= 0, got -1.0"),
+        (dict(top_up_s=float("inf")), "the top-up budget must be a finite number of seconds >= 0, got inf"),
     ],
 )
 def test_bad_sweep_configurations_are_refused_with_one_line(kwargs, message):
@@ -281,7 +287,7 @@ def test_tqdm_progress_counts_every_measured_run(capsys):
 
 def test_cli_sweep_prints_the_table_and_a_verdict_per_hypothesis(capsys, tmp_path):
     code = main(["sweep", "tiny-random", "--device", "cpu", "--output-lengths", "2", "4", "8", "--prompt-lengths", "4",
-                 "--runs", "1", "--warmup", "0", "--out", str(tmp_path), "--no-probe"])
+                 "--runs", "1", "--warmup", "0", "--out", str(tmp_path), "--no-probe", "--max-runs", "0"])
     out = capsys.readouterr().out
     assert code == 0
     assert "hypotheses, eager, prompt 4, batch 1:" in out
@@ -299,6 +305,11 @@ def test_cli_sweep_prints_the_table_and_a_verdict_per_hypothesis(capsys, tmp_pat
         (["--batch-sizes", "2", "0"], "batch sizes must be positive integers, got 0"),
         (["--engines", "nope"], "unknown engine 'nope'"),
         (["--prompt-lengths", "500", "--output-lengths", "100"], "exceed tiny-random's context of 512"),
+        (["--order", "sequential", "--runs", "3", "--max-runs", "5"],
+         "--max-runs 5 above --runs 3 adds interleaved rounds: use --order interleaved, or --max-runs 0 with --order sequential"),
+        (["--runs", "3", "--max-runs", "2"], "max runs must be 0 (no top-up) or at least runs (3), got 2"),
+        (["--top-up-s", "-5"], "the top-up budget must be a finite number of seconds >= 0, got -5.0"),
+        (["--layout", "tp:2", "--max-runs", "12"], "each tensor-parallel rank would judge on its own timings"),
     ],
 )
 def test_cli_bad_sweep_values_give_one_line_and_exit_code_2(capsys, tmp_path, argv, fragment):
@@ -355,3 +366,292 @@ def test_default_engines_are_eager_hf_and_fast_on_cuda_and_eager_on_the_cpu():
     assert (sweep.SweepConfig().warmup_runs, sweep.SweepConfig().runs) == (1, 5)
     args = build_parser().parse_args(["sweep"])
     assert (args.warmup, args.runs, args.engines, args.order) == (1, 5, None, "interleaved")  # None: by device
+
+
+# ----------------------------------------------------------------------------- top-up rounds
+
+NAMES = (hypotheses.LINEAR_LATENCY, hypotheses.TTFT_INDEPENDENT, hypotheses.TOKENS_PLATEAU)
+TWO_GROUPS = dict(SMALL, prompt_lengths=(4, 6), runs=3, max_runs=10)  # configurations 0-2: prompt 4; 3-5: prompt 6
+
+
+def judge_scripted(monkeypatch, decided) -> list:
+    """The groups' verdicts, scripted: all three HOLD once `decided(prompt length, fewest runs per length)`,
+    else all three are INCONCLUSIVE. Returns the list of every judgement's {prompt length: fewest runs}."""
+    looks = []
+
+    def judged(groups):
+        looks.append({key[1]: min((len(runs) for _, runs, _ in members), default=0) for key, members in groups.items()})
+        verdicts = []
+        for (engine, prompt, batch), members in groups.items():
+            answer = HOLDS if decided(prompt, looks[-1][prompt]) else INCONCLUSIVE
+            verdicts.append(sweep.GroupVerdicts(engine, prompt, batch,
+                                                tuple(hypotheses.Verdict(n, answer, {}, "scripted") for n in NAMES)))
+        return tuple(verdicts)
+
+    monkeypatch.setattr(sweep, "_judged", judged)
+    return looks
+
+
+def spy_saves(monkeypatch, engine=None) -> list:
+    """Every results file written: (file name, runs measured by then)."""
+    saves = []
+    real = sweep.save_json_or_fallback
+
+    def spy(path, data):
+        saves.append((path.name, None if engine is None else len(engine.calls)))
+        return real(path, data)
+
+    monkeypatch.setattr(sweep, "save_json_or_fallback", spy)
+    return saves
+
+
+class CountingProgress(sweep.NullProgress):
+    def __init__(self) -> None:
+        self.total = self.done = 0
+
+    def start(self, total: int) -> None:
+        self.total = total
+
+    def grow(self, steps: int) -> None:
+        self.total += steps
+
+    def advance(self, steps: int = 1) -> None:
+        self.done += steps
+
+
+def sweep_with(tiny, tmp_path, config, progress=None, clock=None):
+    folder = new_run_folder(tmp_path, "sweep")
+    extra = {} if clock is None else {"clock": clock}
+    return sweep.run_sweep(tiny, config, folder, (None, "unknown"), progress or sweep.NullProgress(), write=write_outputs,
+                           **extra)
+
+
+def stems(prompt: int) -> list[str]:
+    return [f"eager-b1-p{prompt}-n{n}.json" for n in (2, 4, 8)]
+
+
+def test_top_up_rounds_measure_only_the_undecided_groups_and_stop_once_decided(tiny, tmp_path, monkeypatch):
+    engine = record_runs(monkeypatch, tiny)
+    looks = judge_scripted(monkeypatch, lambda prompt, runs: prompt == 4 or runs >= 5)
+    progress = CountingProgress()
+    report = sweep_with(tiny, tmp_path, sweep.SweepConfig(**TWO_GROUPS, seed=7), progress)
+    # judged after the base rounds and after each top-up round, then once more for the report
+    assert looks == [{4: 3, 6: 3}, {4: 3, 6: 4}, {4: 3, 6: 5}, {4: 3, 6: 5}]
+    assert {(r.prompt_length, r.config.output_length): len(r.runs) for r in report.results} == {
+        **{(4, n): 3 for n in (2, 4, 8)}, **{(6, n): 5 for n in (2, 4, 8)}}
+    assert len(engine.calls) == 6 * 3 + 2 * 3 and (progress.total, progress.done) == (24, 24)
+    slots = sweep.measurement_order(6, 3, "interleaved", 7, top_up_rounds=[[3, 4, 5], [3, 4, 5]])
+    assert engine.calls == [(2, 4, 8, 2, 4, 8)[s.config] for s in slots]  # the base rounds' generator, continued
+    data = json.loads((report.folder / "sweep.json").read_text())
+    assert data["config"]["max_runs"] == 10 and data["config"]["top_up_s"] == sweep.DEFAULT_TOP_UP_S
+    assert data["top_up"]["groups"] == [
+        {"engine": "eager", "prompt_length": 4, "batch_size": 1, "rounds": 0, "stopped": "decided"},
+        {"engine": "eager", "prompt_length": 6, "batch_size": 1, "rounds": 2, "stopped": "decided"}]
+    by_index = ["eager-b1-p4-n2", "eager-b1-p4-n4", "eager-b1-p4-n8", "eager-b1-p6-n2", "eager-b1-p6-n4", "eager-b1-p6-n8"]
+    assert data["top_up"]["rounds"] == [{"round": r, "order": [by_index[s.config] for s in slots if s.round == r]}
+                                        for r in (3, 4)]
+    for result in data["results"]:
+        index = by_index.index(f"eager-b1-p{result['prompt_length']}-n{result['config']['output_length']}")
+        assert [(e["round"], e["position"]) for e in result["schedule"]] == [(s.round, s.position) for s in slots
+                                                                            if s.config == index]
+    text = tables.format_sweep_table(report)
+    assert "0 warm-up + 3 runs each, up to 10 where undecided, interleaved |" in text
+    lines = text.splitlines()
+    assert lines[lines.index("hypotheses, eager, prompt 4, batch 1:") + 1] == "  3 runs per length; decided without top-up"
+    assert lines[lines.index("hypotheses, eager, prompt 6, batch 1:") + 1] == (
+        "  5 runs per length (2 top-up rounds); top-up stopped: decided")
+    assert "5 runs per length (2 top-up rounds); top-up stopped: decided." in (report.folder / "sweep.md").read_text()
+    page = (report.folder / "sweep.html").read_text()
+    assert "5 runs per length (2 top-up rounds); top-up stopped: decided" in page and "up to 10 where undecided" in page
+
+
+def test_each_result_file_is_written_once_when_its_group_stops(tiny, tmp_path, monkeypatch):
+    engine = record_runs(monkeypatch, tiny)
+    judge_scripted(monkeypatch, lambda prompt, runs: prompt == 4 or runs >= 5)
+    saves = spy_saves(monkeypatch, engine)
+    report = sweep_with(tiny, tmp_path, sweep.SweepConfig(**TWO_GROUPS))
+    # prompt 4 is final after the base rounds (18 runs), prompt 6 after two top-up rounds (24)
+    assert sorted(saves) == sorted([(name, 18) for name in stems(4)] + [(name, 24) for name in stems(6)])
+    for name in stems(6):
+        saved = json.loads((report.folder / "results" / name).read_text())
+        assert len(saved["runs"]) == len(saved["schedule"]) == 5 and saved["memory"] is not None
+
+
+def test_top_up_stops_at_max_runs(tiny, tmp_path, monkeypatch):
+    engine = record_runs(monkeypatch, tiny)
+    judge_scripted(monkeypatch, lambda prompt, runs: False)
+    report = sweep_with(tiny, tmp_path, sweep.SweepConfig(**{**SMALL, "runs": 3, "max_runs": 5}))
+    assert [len(r.runs) for r in report.results] == [5, 5, 5] and len(engine.calls) == 15
+    assert report.top_up_groups == (top_up.GroupTopUp("eager", 4, 1, 2, top_up.MAX_RUNS),)
+    assert {v.verdict for v in report.verdicts[0].verdicts} == {INCONCLUSIVE}  # reported as they stand
+    assert "  5 runs per length (2 top-up rounds); top-up stopped: reached the most runs" in (
+        tables.format_sweep_table(report).splitlines())
+
+
+class FakeClock:
+    """Seconds that pass only when a run is measured: each run takes `run_s`."""
+
+    def __init__(self, run_s: float) -> None:
+        self.now, self.run_s = 0.0, run_s
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_top_up_stops_before_a_round_that_would_end_past_its_budget(tiny, tmp_path, monkeypatch):
+    clock = FakeClock(10.0)
+    engine = record_runs(monkeypatch, tiny)
+    inner_run = engine.run
+
+    def slow_run(prompt, config, generator, run_clock):
+        clock.now += clock.run_s
+        return inner_run(prompt, config, generator, run_clock)
+
+    monkeypatch.setattr(engine, "run", slow_run)
+    judge_scripted(monkeypatch, lambda prompt, runs: False)
+    # a round of 3 configurations is estimated at 30 s: after 2 rounds (60 s) a third would end at 90 s > 70 s
+    report = sweep_with(tiny, tmp_path, sweep.SweepConfig(**{**SMALL, "runs": 3, "max_runs": 10, "top_up_s": 70.0}),
+                        clock=clock)
+    assert [len(r.runs) for r in report.results] == [5, 5, 5]
+    assert report.top_up_groups == (top_up.GroupTopUp("eager", 4, 1, 2, top_up.BUDGET),)
+    starts = sorted(s.start_s for schedule in report.schedules.values() for s in schedule)
+    assert starts == [10.0 * k for k in range(15)]
+    assert "top-up stopped: the top-up's time was spent" in tables.format_sweep_table(report)
+
+
+def test_a_zero_budget_reports_the_base_runs_and_why_there_was_no_top_up(tiny, tmp_path, monkeypatch):
+    engine = record_runs(monkeypatch, tiny)
+    judge_scripted(monkeypatch, lambda prompt, runs: False)
+    report = sweep_with(tiny, tmp_path, sweep.SweepConfig(**{**SMALL, "runs": 3, "max_runs": 10, "top_up_s": 0.0}))
+    assert len(engine.calls) == 9 and report.top_up_groups == (top_up.GroupTopUp("eager", 4, 1, 0, top_up.BUDGET),)
+
+
+@pytest.mark.parametrize("max_runs", [0, 3])
+def test_without_top_up_each_result_is_saved_after_its_last_base_run_and_judged_once(tiny, tmp_path, monkeypatch,
+                                                                                   max_runs):
+    engine = record_runs(monkeypatch, tiny)
+    looks = judge_scripted(monkeypatch, lambda prompt, runs: False)  # undecided, yet nothing more is measured
+    saves = spy_saves(monkeypatch, engine)
+    report = sweep_with(tiny, tmp_path, sweep.SweepConfig(**{**SMALL, "runs": 3, "max_runs": max_runs}))
+    slots = sweep.measurement_order(3, 3, "interleaved", 0)
+    assert engine.calls == [(2, 4, 8)[s.config] for s in slots]
+    last_run = {f"eager-b1-p4-n{(2, 4, 8)[s.config]}.json": k + 1 for k, s in enumerate(slots)}
+    assert sorted(saves) == sorted(last_run.items())
+    assert len(looks) == 1 and report.top_up_groups == () and report.top_up_rounds == ()
+    data = json.loads((report.folder / "sweep.json").read_text())
+    assert data["top_up"] is None and data["config"]["max_runs"] == max_runs
+    text = tables.format_sweep_table(report)
+    assert "0 warm-up + 3 runs each, interleaved |" in text and "runs per length" not in text
+
+
+def test_a_sequential_sweep_may_name_max_runs_equal_to_runs():
+    assert not sweep.SweepConfig(runs=3, max_runs=3, order="sequential").tops_up
+    assert sweep.SweepConfig(runs=3, max_runs=4).tops_up and not sweep.SweepConfig(runs=3).tops_up
+
+
+def test_interrupt_during_top_up_saves_what_was_measured_and_raises_again(tiny, tmp_path, monkeypatch):
+    engine = record_runs(monkeypatch, tiny, fail_on=11, error=KeyboardInterrupt())  # the second run of round 3
+    judge_scripted(monkeypatch, lambda prompt, runs: False)
+    saves = spy_saves(monkeypatch)
+    folder = new_run_folder(tmp_path, "sweep")
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep(tiny, sweep.SweepConfig(**{**SMALL, "runs": 3, "max_runs": 10}), folder, (None, "unknown"),
+                        sweep.NullProgress(), write=write_outputs)
+    slots = sweep.measurement_order(3, 3, "interleaved", 0, top_up_rounds=[[0, 1, 2]])[:10]
+    measured = {n: sum((2, 4, 8)[s.config] == n for s in slots) for n in (2, 4, 8)}
+    assert sorted(measured.values()) == [3, 3, 4] and len(engine.calls) == 11
+    assert sorted(name for name, _ in saves) == stems(4)  # each once
+    data = json.loads((folder / "sweep.json").read_text())
+    assert data["complete"] is False
+    assert data["top_up"]["groups"] == [{"engine": "eager", "prompt_length": 4, "batch_size": 1, "rounds": 1,
+                                         "stopped": "interrupted"}]
+    for n, count in measured.items():
+        saved = json.loads((folder / "results" / f"eager-b1-p4-n{n}.json").read_text())
+        assert len(saved["runs"]) == count and [e["round"] for e in saved["schedule"]] == list(range(count))
+
+
+def test_out_of_memory_in_a_top_up_round_makes_that_configuration_a_row_and_the_group_goes_on(tiny, tmp_path,
+                                                                                           monkeypatch):
+    error = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    engine = record_runs(monkeypatch, tiny, fail_on=11, error=error)  # the second run of round 3
+    judge_scripted(monkeypatch, lambda prompt, runs: False)
+    saves = spy_saves(monkeypatch)
+    progress = CountingProgress()
+    report = sweep_with(tiny, tmp_path, sweep.SweepConfig(**{**SMALL, "runs": 3, "max_runs": 5}), progress)
+    round_3 = [s.config for s in sweep.measurement_order(3, 3, "interleaved", 0, top_up_rounds=[[0, 1, 2]])[9:]]
+    failed = (2, 4, 8)[round_3[1]]
+    assert {r.config.output_length: (r.status, len(r.runs)) for r in report.results} == {
+        n: ("oom", 0) if n == failed else ("ok", 5) for n in (2, 4, 8)}
+    assert engine.calls.count(failed) == 4  # three base runs and the one that failed, none after
+    assert sorted(name for name, _ in saves) == stems(4)  # the oom row once, the others once when final
+    assert report.top_up_groups == (top_up.GroupTopUp("eager", 4, 1, 2, top_up.MAX_RUNS),)
+    assert progress.done == progress.total == 9 + 3 + 2
+
+
+def test_real_verdicts_end_the_top_up_decided_or_at_max_runs(tiny, tmp_path):
+    report = sweep_with(tiny, tmp_path, sweep.SweepConfig(**{**SMALL, "runs": 3, "max_runs": 4}))
+    (record,) = report.top_up_groups
+    counts = {len(r.runs) for r in report.results}
+    if record.stopped == top_up.DECIDED:
+        assert not top_up.is_undecided(report.verdicts[0].verdicts) and counts == {3 + record.rounds}
+    else:
+        assert (record.stopped, record.rounds, counts) == (top_up.MAX_RUNS, 1, {4})
+
+
+def test_cli_sweep_passes_the_top_up_flags_and_tops_up_only_when_asked(tmp_path, capsys):
+    base = ["sweep", "tiny-random", "--device", "cpu", "--output-lengths", "2", "4", "--prompt-lengths", "4",
+            "--warmup", "0", "--no-probe"]
+    for extra, expected in [
+        (["--runs", "3"], (0, 180.0)),
+        (["--runs", "3", "--max-runs", "10"], (10, 180.0)),
+        (["--runs", "2", "--max-runs", "4", "--top-up-s", "30"], (4, 30.0)),
+        (["--runs", "2", "--max-runs", "0"], (0, 180.0)),
+        (["--runs", "2", "--order", "sequential"], (0, 180.0)),
+        (["--runs", "2", "--order", "sequential", "--max-runs", "2"], (2, 180.0)),
+    ]:
+        out = tmp_path / str(len(list(tmp_path.iterdir())))
+        assert main([*base, *extra, "--out", str(out)]) == 0, capsys.readouterr().err
+        data = json.loads(next(out.glob("*-sweep/sweep.json")).read_text())
+        assert (data["config"]["max_runs"], data["config"]["top_up_s"]) == expected, extra
+    assert "0 warm-up + 2 runs each, up to 4 where undecided, interleaved" in capsys.readouterr().out
+
+
+def test_the_main_job_tops_up_to_10_runs():
+    """`tox -e sweep` (the README's main job) asks for the top-up that `inferlab sweep` leaves off by default."""
+    import configparser
+
+    tox = configparser.ConfigParser(interpolation=None)
+    tox.read(Path(__file__).resolve().parents[1] / "tox.ini")
+    command = tox["testenv:sweep"]["commands"].strip()
+    assert command == "inferlab sweep {posargs:--warmup 1 --runs 3 --max-runs 10}"
+
+
+def test_tqdm_progress_grows_its_total_with_top_up_rounds(capsys):
+    progress = sweep.TqdmProgress()
+    progress.start(2)
+    progress.advance(2)
+    progress.grow(3)
+    progress.advance(3)
+    progress.close()
+    assert "5/5" in capsys.readouterr().err
+
+
+def test_the_stop_rule_without_a_clock_judges_one_more_run_at_a_time_until_decided_or_max_runs():
+    def judge_deciding_at(decided_at):
+        looks = []
+
+        def judge(n, confidence):
+            looks.append((n, confidence))
+            answer = HOLDS if n >= decided_at else INCONCLUSIVE
+            return tuple(hypotheses.Verdict(name, answer, {}, "scripted") for name in NAMES)
+
+        return judge, looks
+
+    judge, looks = judge_deciding_at(5)
+    verdicts, used = top_up.judge_topped_up(judge, 3, 10, 0.95)
+    assert used == 5 and looks == [(3, 0.95), (4, 0.95), (5, 0.95)] and not top_up.is_undecided(verdicts)
+    judge, looks = judge_deciding_at(99)
+    verdicts, used = top_up.judge_topped_up(judge, 3, 10, 0.95)
+    assert used == 10 and [n for n, _ in looks] == list(range(3, 11)) and top_up.is_undecided(verdicts)
+    not_enough = (hypotheses.Verdict(NAMES[0], NOT_ENOUGH_DATA, {}, "two lengths"),)
+    assert not top_up.is_undecided(not_enough)  # more runs add no lengths

@@ -89,7 +89,9 @@ def _sweep_card(report: SweepReport) -> str:
         ("batch sizes", ", ".join(map(str, config.batch_sizes))),
         ("prompt lengths", ", ".join(map(str, config.prompt_lengths))),
         ("output lengths", ", ".join(map(str, config.output_lengths))),
-        ("runs", f"{config.warmup_runs} warm-up + {config.runs} measured per configuration"),
+        ("runs", f"{config.warmup_runs} warm-up + {config.runs} measured per configuration"
+                 + (f", up to {config.max_runs} where undecided ({config.top_up_s:g} s for the top-up)"
+                    if config.tops_up else "")),
         ("sampling", config.sampling.describe()), ("folder", report.folder.name),
     ]
     return section("card", "Card", f'<div class="card"><p>{escape(tables.status_line(report))}</p>{_key_values(pairs)}</div>')
@@ -128,7 +130,9 @@ def _hypotheses_section(report: SweepReport) -> str:
         items = "".join(
             f'<li><span class="{escape(v.verdict.replace(" ", "-"))}">{escape(v.verdict)}</span>: '
             f"{escape(v.name)}. {escape(v.explanation)}</li>" for v in group.verdicts)
-        parts.append(f"<h3>{escape(group.label)}</h3><ul>{items}</ul>")
+        top_up = tables.top_up_text(report, group)
+        note = "" if top_up is None else f"<p>{escape(top_up)}</p>"
+        parts.append(f"<h3>{escape(group.label)}</h3>{note}<ul>{items}</ul>")
     return section("hypotheses", "Hypotheses", "".join(parts) or "<p>no groups measured</p>")
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Sequence
 from inferlab.measure.bench import BenchResult
 
 if TYPE_CHECKING:
-    from inferlab.suite.sweep import SweepReport
+    from inferlab.suite.sweep import GroupVerdicts, SweepConfig, SweepReport
 
 METRIC_ROWS = (
     ("TTFT (ms)", "ttft_ms"),
@@ -219,12 +219,42 @@ def table_cells(result: BenchResult) -> list[str]:
     return cells + ["-" if values[key] is None else fmt.format(values[key]) for _, key, fmt in TABLE_COLUMNS]
 
 
+STOPPED_TEXT = {"decided": "decided", "max runs": "reached the most runs", "budget": "the top-up's time was spent",
+                "interrupted": "interrupted"}
+
+
+def top_up_text(report: SweepReport, group: GroupVerdicts) -> str | None:
+    """How many runs per length `group`'s verdicts used, and how its top-up went; None without top-up."""
+    record = next((g for g in report.top_up_groups
+                   if (g.engine, g.prompt_length, g.batch_size) == (group.engine, group.prompt_length, group.batch_size)),
+                  None)
+    if record is None:
+        return None
+    counts = sorted({len(r.runs) for r in report.results if r.status == "ok" and
+                     (r.config.engine, r.prompt_length, r.config.batch_size) == (group.engine, group.prompt_length,
+                                                                                 group.batch_size)})
+    used = "no" if not counts else str(counts[0]) if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    if record.rounds == 0 and record.stopped == "decided":
+        return f"{used} runs per length; decided without top-up"
+    rounds = f"{record.rounds} top-up round{'' if record.rounds == 1 else 's'}"
+    return f"{used} runs per length ({rounds}); top-up stopped: {STOPPED_TEXT[record.stopped]}"
+
+
 def verdict_lines(report: SweepReport) -> list[str]:
     lines = []
     for group in report.verdicts:
         lines.append(f"hypotheses, {group.label}:")
+        top_up = top_up_text(report, group)
+        if top_up is not None:
+            lines.append(f"  {top_up}")
         lines += [f"  {v.verdict.upper():<15} {v.name}: {v.explanation}" for v in group.verdicts]
     return lines
+
+
+def runs_text(config: SweepConfig) -> str:
+    """``1 warm-up + 3 runs each``, and ``, up to 10 where undecided`` when undecided groups are topped up."""
+    text = f"{config.warmup_runs} warm-up + {config.runs} runs each"
+    return f"{text}, up to {config.max_runs} where undecided" if config.tops_up else text
 
 
 def status_line(report: SweepReport) -> str:
@@ -233,8 +263,7 @@ def status_line(report: SweepReport) -> str:
     failed = sum(r.status != "ok" for r in report.results)
     state = "complete" if report.complete else "INTERRUPTED"
     return (f"{title(report.fingerprint)} | {state}: {done} of {total} configurations, {failed} failed | "
-            f"{report.config.warmup_runs} warm-up + {report.config.runs} runs each, {report.config.order} | "
-            f"{report.config.sampling.describe()}")
+            f"{runs_text(report.config)}, {report.config.order} | {report.config.sampling.describe()}")
 
 
 def cost_notes(results: Sequence[BenchResult]) -> list[str]:
@@ -279,6 +308,9 @@ def markdown_text(report: SweepReport) -> str:
     lines += ["", "## Hypotheses", ""]
     for group in report.verdicts:
         lines.append(f"### {group.label}")
+        top_up = top_up_text(report, group)
+        if top_up is not None:
+            lines += [f"{top_up[0].upper()}{top_up[1:]}.", ""]
         lines += [f"- **{v.verdict}**: {v.name}. {v.explanation}" for v in group.verdicts]
         lines.append("")
     lines.append("Rules and formulas: `inferlab/suite/hypotheses.py`.")

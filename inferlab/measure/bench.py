@@ -190,6 +190,12 @@ class PreparedCase:
     def measure_one(self) -> RunTimes:
         return run_once(self.engine, self.prompt, self.decode, self.generator, self.clock, self.timed)
 
+    def decode_roofline(self) -> roofline.Roofline:
+        """What a decode step of this request reads, against the device's bandwidth."""
+        loaded, prompt = self.loaded, self.prompt
+        return roofline.roofline(loaded.model, prompt.batch_size, prompt.length, self.config.output_length,
+                                 layout_bandwidth(self.bandwidth, loaded.layout))
+
     def result(self, runs: Sequence[RunTimes], costs: Costs | None = None,
                profile: profiling.ProfileSummary | None = None) -> BenchResult:
         """The BenchResult of the measured `runs` (every raw timestamp kept), with what they cost."""
@@ -200,8 +206,7 @@ class PreparedCase:
             runs=tuple(runs),
             warmup_e2e_ms=self.warmup_e2e_ms,
             prepare_ms=self.prepare_ms,
-            roofline=roofline.roofline(loaded.model, prompt.batch_size, prompt.length, config.output_length,
-                                       layout_bandwidth(self.bandwidth, loaded.layout)),
+            roofline=self.decode_roofline(),
             prompt_length=prompt.length,
             memory=None if costs is None else costs.memory,
             energy=None if costs is None else costs.energy,

@@ -7,8 +7,9 @@ N_1 < ... < N_k and the raw runs measured at each. Per length it takes medians o
 Noise model: a bootstrap over runs. The runs of each length are resampled with replacement
 (independently per length, `RESAMPLES` times, from a generator seeded by the caller), the
 statistic is recomputed from the resampled medians, and its 95% interval is the 2.5th-97.5th
-percentile of those values. Run-to-run noise, and with the sweep's interleaved order the host's
-drift over the sweep too, widen the interval; nothing else is assumed about their shape.
+percentile of those values (each check takes another `confidence` if asked). Run-to-run noise,
+and with the sweep's interleaved order the host's drift over the sweep too, widen the interval;
+nothing else is assumed about their shape.
 
 Three answers, from the interval [lo, hi] of the statistic and the hypothesis's tolerance:
 
@@ -196,11 +197,12 @@ def _interval_text(interval: Interval, scale: float, unit: str, digits: int, con
 
 
 def _judge(name: str, interval: Interval, bounds: tuple[float, float], runs_per_length: Sequence[int],
-           numbers: dict, text: str) -> Verdict:
+           numbers: dict, text: str, confidence: float = CONFIDENCE) -> Verdict:
     """The verdict of `interval` against `bounds`, with the advice for an inconclusive one."""
     fewest = min(runs_per_length)
-    numbers = {**numbers, "estimate": interval.estimate, "ci_low": interval.low, "ci_high": interval.high,
-               "tolerance_low": bounds[0], "tolerance_high": bounds[1], "runs_per_length": fewest}
+    numbers = {"confidence": confidence, **numbers, "estimate": interval.estimate, "ci_low": interval.low,
+               "ci_high": interval.high, "tolerance_low": bounds[0], "tolerance_high": bounds[1],
+               "runs_per_length": fewest}
     if fewest < MIN_RUNS:
         return Verdict(name, INCONCLUSIVE, {**numbers, "runs_to_decide": MIN_RUNS},
                        f"{text}; too few runs to estimate the noise: {fewest} at some length, "
@@ -216,7 +218,8 @@ def _judge(name: str, interval: Interval, bounds: tuple[float, float], runs_per_
 
 
 def check_linear_latency(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]],
-                         bytes_per_step: Sequence[float] | None = None, seed: int = 0) -> Verdict:
+                         bytes_per_step: Sequence[float] | None = None, seed: int = 0,
+                         confidence: float = CONFIDENCE) -> Verdict:
     """Hypothesis 1: TPOT's growth across the sweep, beyond the KV cache's prediction, within +-10%."""
     if bytes_per_step is not None:
         assert len(bytes_per_step) == len(output_lengths), "one byte count per output length"
@@ -239,18 +242,20 @@ def check_linear_latency(output_lengths: Sequence[int], runs: Sequence[Sequence[
         return slope * span / (intercept + slope * x[0])
 
     predicted = 0.0 if bytes_per_step is None else bytes_per_step[keep[-1]] / bytes_per_step[keep[0]] - 1
-    interval = bootstrap(values, lambda m: growth(m) - predicted, seed)
+    interval = bootstrap(values, lambda m: growth(m) - predicted, seed, confidence=confidence)
     measured = interval.estimate + predicted
     tpots = medians(values)[:, TPOT]
     numbers = {"measured_growth": measured, "predicted_growth": predicted, "tpot_first_ms": float(tpots[0]),
                "tpot_last_ms": float(tpots[-1]), "prediction": "none" if bytes_per_step is None else "kv cache bytes"}
     text = (f"TPOT p50 {tpots[0]:.3f} -> {tpots[-1]:.3f} ms from N={int(x[0])} to N={int(x[-1])}: fitted growth "
             f"{100 * measured:+.1f}%, the KV cache predicts {100 * predicted:+.1f}%; excess "
-            f"{_interval_text(interval, 100, '%', 1)}, tolerance +-{100 * TPOT_TOLERANCE:.0f}%")
-    return _judge(LINEAR_LATENCY, interval, (-TPOT_TOLERANCE, TPOT_TOLERANCE), [len(v) for v in values], numbers, text)
+            f"{_interval_text(interval, 100, '%', 1, confidence)}, tolerance +-{100 * TPOT_TOLERANCE:.0f}%")
+    return _judge(LINEAR_LATENCY, interval, (-TPOT_TOLERANCE, TPOT_TOLERANCE), [len(v) for v in values], numbers, text,
+                  confidence)
 
 
-def check_ttft_independent(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]], seed: int = 0) -> Verdict:
+def check_ttft_independent(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]], seed: int = 0,
+                           confidence: float = CONFIDENCE) -> Verdict:
     """Hypothesis 2: TTFT's fitted change across the sweep within +-max(10% TTFT_ref, 1 ms)."""
     lengths, runs = _sorted(output_lengths, runs)
     short = _not_enough(TTFT_INDEPENDENT, len(lengths))
@@ -265,16 +270,18 @@ def check_ttft_independent(output_lengths: Sequence[int], runs: Sequence[Sequenc
     def change(per_length: np.ndarray) -> np.ndarray:
         return fit_line(x, per_length[..., TTFT])[0] * (x[-1] - x[0])
 
-    interval = bootstrap(values, change, seed)
+    interval = bootstrap(values, change, seed, confidence=confidence)
     numbers = {"change_ms": interval.estimate, "tolerance_ms": tolerance, "ttft_ref_ms": ttft_ref,
                "relative_change": interval.estimate / ttft_ref if ttft_ref > 0 else 0.0}
     text = (f"TTFT p50 {ttfts.min():.2f}-{ttfts.max():.2f} ms; fitted change from N={lengths[0]} to N={lengths[-1]} "
-            f"{_interval_text(interval, 1, ' ms', 2)}, {100 * numbers['relative_change']:+.1f}% of TTFT; "
+            f"{_interval_text(interval, 1, ' ms', 2, confidence)}, {100 * numbers['relative_change']:+.1f}% of TTFT; "
             f"tolerance +-{tolerance:.2f} ms")
-    return _judge(TTFT_INDEPENDENT, interval, (-tolerance, tolerance), [len(v) for v in values], numbers, text)
+    return _judge(TTFT_INDEPENDENT, interval, (-tolerance, tolerance), [len(v) for v in values], numbers, text,
+                  confidence)
 
 
-def check_tokens_plateau(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]], seed: int = 0) -> Verdict:
+def check_tokens_plateau(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]], seed: int = 0,
+                         confidence: float = CONFIDENCE) -> Verdict:
     """Hypothesis 3: no step of output tokens/s, R_{i+1} / R_i - 1, falls beyond -5%.
 
     Each step has its own interval; HOLDS needs every step's 95% interval above -5%, DOES NOT
@@ -295,38 +302,41 @@ def check_tokens_plateau(output_lengths: Sequence[int], runs: Sequence[Sequence[
         return rates[..., 1:] / rates[..., :-1] - 1
 
     estimates, draws = bootstrap_draws(values, steps, seed)
-    family = 1 - (1 - CONFIDENCE) / len(estimates)
-    single = [percentile_interval(e, draws[:, i]) for i, e in enumerate(estimates)]
+    family = 1 - (1 - confidence) / len(estimates)
+    single = [percentile_interval(e, draws[:, i], confidence) for i, e in enumerate(estimates)]
     joint = [percentile_interval(e, draws[:, i], family) for i, e in enumerate(estimates)]
     fell = [i for i, interval in enumerate(joint) if interval.high < -FALL_TOLERANCE]
     if fell:
         shown = min(fell, key=lambda i: estimates[i])
-        interval, confidence = joint[shown], family
+        interval, shown_confidence = joint[shown], family
     elif all(interval.low >= -FALL_TOLERANCE for interval in single):
         shown = int(np.argmin(estimates))
-        interval, confidence = single[shown], CONFIDENCE
+        interval, shown_confidence = single[shown], confidence
     else:  # some step's family interval straddles the tolerance: the most doubtful one decides nothing yet
         shown = min(range(len(joint)), key=lambda i: joint[i].low)
-        interval, confidence = joint[shown], family
+        interval, shown_confidence = joint[shown], family
     per_length = medians(values)
     rates, tpot_last = per_length[:, RATE], per_length[-1, TPOT]
     plateau = None if np.isnan(tpot_last) else float(rates[-1] * tpot_last / 1e3)  # R_k against 1000 / TPOT_k
     numbers = {"tokens_per_s_first": float(rates[0]), "tokens_per_s_last": float(rates[-1]),
                "total_gain": float(rates[-1] / rates[0] - 1), "worst_step_change": float(estimates.min()),
                "step_changes": [float(e) for e in estimates], "shown_step": [lengths[shown], lengths[shown + 1]],
-               "confidence": confidence, "fraction_of_decode_rate": plateau}
+               "confidence": shown_confidence, "fraction_of_decode_rate": plateau}
     reached = "" if plateau is None else f", {100 * plateau:.0f}% of its plateau 1/TPOT"
     text = (f"tok/s p50 {rates[0]:.1f} at N={lengths[0]} -> {rates[-1]:.1f} at N={lengths[-1]} "
             f"({100 * numbers['total_gain']:+.0f}%{reached}); step N={lengths[shown]}->{lengths[shown + 1]} "
-            f"{_interval_text(interval, 100, '%', 1, confidence)}, a fall counts beyond -{100 * FALL_TOLERANCE:.0f}%")
-    return _judge(TOKENS_PLATEAU, interval, (-FALL_TOLERANCE, math.inf), [len(v) for v in values], numbers, text)
+            f"{_interval_text(interval, 100, '%', 1, shown_confidence)}, a fall counts beyond -{100 * FALL_TOLERANCE:.0f}%")
+    return _judge(TOKENS_PLATEAU, interval, (-FALL_TOLERANCE, math.inf), [len(v) for v in values], numbers, text,
+                  shown_confidence)
 
 
 def check_all(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]],
-              bytes_per_step: Sequence[float] | None = None, seed: int = 0) -> tuple[Verdict, ...]:
-    """The three hypotheses, in the seed's order; `bytes_per_step` per length (roofline) predicts TPOT's growth."""
+              bytes_per_step: Sequence[float] | None = None, seed: int = 0,
+              confidence: float = CONFIDENCE) -> tuple[Verdict, ...]:
+    """The three hypotheses, in the seed's order; `bytes_per_step` per length (roofline) predicts TPOT's growth;
+    every interval at `confidence` (the tokens/s steps at its Bonferroni share)."""
     return (
-        check_linear_latency(output_lengths, runs, bytes_per_step, seed),
-        check_ttft_independent(output_lengths, runs, seed),
-        check_tokens_plateau(output_lengths, runs, seed),
+        check_linear_latency(output_lengths, runs, bytes_per_step, seed, confidence),
+        check_ttft_independent(output_lengths, runs, seed, confidence),
+        check_tokens_plateau(output_lengths, runs, seed, confidence),
     )

@@ -19,6 +19,17 @@ one configuration after another. Every run's round, position in its round and st
 (seconds since the first measured run) go into the JSON beside its raw timestamps
 (``schedule``), so drift can be seen.
 
+Top-up (``SweepConfig.max_runs`` above ``runs``, interleaved order only; `inferlab.suite.top_up`
+has the stop rule): after the base rounds each group (engine, prompt length, batch size) is
+judged on its runs so far, and while some group has an INCONCLUSIVE verdict, fewer than
+``max_runs`` runs per configuration and ``top_up_s`` seconds left for one more round, one more
+round measures the undecided groups' configurations. Its order continues the base rounds'
+generator: each top-up round shuffles the indices of the configurations it measures, in
+ascending order, with the same ``random.Random(seed)`` (`measurement_order` with ``top_up_rounds``
+gives it back). Round indices go on from ``runs``. A configuration is finished (costs, profile)
+and its result file written once, when its group stops; sweep.json's ``top_up`` says how many
+rounds each group got and why it stopped.
+
 Each engine is built once for the whole sweep, and a configuration is prepared once (the fast
 engine keeps every prepared shape), so a compiling engine compiles once per shape; the time its
 `prepare` takes is in that result's ``prepare_ms``. A configuration that runs out of device
@@ -28,6 +39,7 @@ it has measured (fewer than asked where its rounds were not all done).
 
 from __future__ import annotations
 
+import math
 import random
 import sys
 import time
@@ -39,7 +51,7 @@ import torch
 
 from inferlab.measure import energy
 from inferlab.measure import fingerprint as fingerprints
-from inferlab.suite import hypotheses
+from inferlab.suite import hypotheses, top_up
 from inferlab.measure.bench import (SPLIT_ENGINES, BenchConfig, BenchResult, Costs, PreparedCase, measure_costs, check_fits, failed_result,
                                     prepare_case)
 from inferlab.measure.metrics import RunTimes
@@ -52,6 +64,7 @@ from inferlab.storage import save_json_or_fallback, write_json_atomic
 
 SCHEMA = "inferlab.sweep/1"
 ORDERS = ("interleaved", "sequential")
+DEFAULT_TOP_UP_S = 180.0  # for all top-up rounds: 7 more rounds of the CPU main job at TPOT 33 ms, 4 at 60 ms
 CUDA_ENGINES = ("eager", "hf", "fast")  # the engines users choose between
 CPU_ENGINES = ("eager",)  # keeps the CPU sweep to minutes
 
@@ -93,6 +106,8 @@ class SweepConfig:
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     order: str = "interleaved"  # or "sequential" (see the module's docstring)
     inject_delay_per_position_us: float = 0.0  # a known violation (inferlab.measure.inject); 0: off
+    max_runs: int = 0  # top-up: up to this many runs per configuration while its group is undecided; 0: `runs` exactly
+    top_up_s: float = DEFAULT_TOP_UP_S  # wall-clock seconds for all top-up rounds together
 
     def __post_init__(self) -> None:
         for name in ("engines", "output_lengths", "prompt_lengths", "batch_sizes"):
@@ -114,6 +129,20 @@ class SweepConfig:
             raise UsageError(f"unknown order {self.order!r}: use {' or '.join(ORDERS)}")
         if not self.inject_delay_per_position_us >= 0:
             raise UsageError(f"the injected delay per position must be >= 0 us, got {self.inject_delay_per_position_us}")
+        if (isinstance(self.max_runs, bool) or not isinstance(self.max_runs, int)
+                or self.max_runs != 0 and self.max_runs < self.runs):
+            raise UsageError(f"max runs must be 0 (no top-up) or at least runs ({self.runs}), got {self.max_runs}")
+        if isinstance(self.top_up_s, bool) or not isinstance(self.top_up_s, (int, float)) or not (
+                math.isfinite(self.top_up_s) and self.top_up_s >= 0):
+            raise UsageError(f"the top-up budget must be a finite number of seconds >= 0, got {self.top_up_s}")
+        if self.tops_up and self.order == "sequential":
+            raise UsageError(f"max runs {self.max_runs} above runs {self.runs} tops up in interleaved rounds: "
+                             "use order interleaved, or max runs 0 with order sequential")
+
+    @property
+    def tops_up(self) -> bool:
+        """Whether undecided groups get top-up rounds after the base rounds."""
+        return self.max_runs > self.runs
 
     def bench_configs(self) -> tuple[BenchConfig, ...]:
         """Every configuration: engine, then batch, prompt, output length (the sequential order)."""
@@ -141,24 +170,37 @@ class Slot:
     position: int
 
 
-def measurement_order(count: int, runs: int, order: str, seed: int) -> tuple[Slot, ...]:
+def round_slots(shuffler: random.Random, configs: Sequence[int], round_index: int) -> tuple[Slot, ...]:
+    """One interleaved round: `configs` (indices into `bench_configs`) in an order shuffled by `shuffler`."""
+    visit = list(configs)
+    shuffler.shuffle(visit)
+    return tuple(Slot(index, round_index, position) for position, index in enumerate(visit))
+
+
+def base_rounds(shuffler: random.Random, count: int, runs: int) -> tuple[Slot, ...]:
+    """`runs` interleaved rounds over all `count` configurations, each shuffled anew by `shuffler`."""
+    return tuple(slot for r in range(runs) for slot in round_slots(shuffler, range(count), r))
+
+
+def measurement_order(count: int, runs: int, order: str, seed: int,
+                      top_up_rounds: Sequence[Sequence[int]] = ()) -> tuple[Slot, ...]:
     """Every measured run of `count` configurations, in the order measured.
 
     interleaved: `runs` rounds, each a permutation of the configurations drawn from
-    ``random.Random(seed)``, anew each round. sequential: configuration after configuration;
-    a run's round is its index among its configuration's runs and its position the
-    configuration's index.
+    ``random.Random(seed)``, anew each round; then a round per entry of `top_up_rounds` (the
+    configurations that round measured), each shuffled, in ascending order, by the same
+    generator. sequential: configuration after configuration; a run's round is its index among
+    its configuration's runs and its position the configuration's index.
     """
     if order == "sequential":
+        assert not top_up_rounds, "top-up rounds are interleaved"
         return tuple(Slot(index, r, index) for index in range(count) for r in range(runs))
     assert order == "interleaved", order
     shuffler = random.Random(seed)
-    slots = []
-    for r in range(runs):
-        visit = list(range(count))
-        shuffler.shuffle(visit)
-        slots += [Slot(index, r, position) for position, index in enumerate(visit)]
-    return tuple(slots)
+    slots = base_rounds(shuffler, count, runs)
+    for r, configs in enumerate(top_up_rounds, start=runs):
+        slots += round_slots(shuffler, sorted(configs), r)
+    return slots
 
 
 @dataclass(frozen=True)
@@ -203,16 +245,21 @@ class SweepReport:
     complete: bool  # False when interrupted: `results` holds what was measured (some with fewer runs)
     files: tuple[Path, ...] = ()
     schedules: dict = field(default_factory=dict)  # result_stem -> tuple[ScheduledRun], one per run
+    top_up_groups: tuple[top_up.GroupTopUp, ...] = ()  # one per group when `config.tops_up`
+    top_up_rounds: tuple[tuple[str, ...], ...] = ()  # each top-up round's result stems, in the order measured
 
 
 class Progress(Protocol):
-    """start(total measured runs); begin(configuration) before each; advance(runs) as they finish; close()."""
+    """start(total measured runs); begin(configuration) before each; advance(runs) as they finish;
+    grow(runs) when a top-up round adds to the total; close()."""
 
     def start(self, total: int) -> None: ...
 
     def begin(self, label: str) -> None: ...
 
     def advance(self, steps: int = 1) -> None: ...
+
+    def grow(self, steps: int) -> None: ...
 
     def close(self) -> None: ...
 
@@ -227,6 +274,9 @@ class NullProgress:
         pass
 
     def advance(self, steps: int = 1) -> None:
+        pass
+
+    def grow(self, steps: int) -> None:
         pass
 
     def close(self) -> None:
@@ -250,6 +300,10 @@ class TqdmProgress:
     def advance(self, steps: int = 1) -> None:
         self._bar.update(steps)
 
+    def grow(self, steps: int) -> None:
+        self._bar.total += steps
+        self._bar.refresh()
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
@@ -259,6 +313,21 @@ class TqdmProgress:
 def result_stem(config: BenchConfig) -> str:
     """``<engine>-b<B>-p<P>-n<N>``: the configuration's file name, without .json."""
     return f"{config.engine}-b{config.batch_size}-p{config.prompt_length}-n{config.output_length}"
+
+
+GroupKey = tuple[str, int, int]  # (engine, prompt length, batch size): what one group of output lengths holds fixed
+
+
+def config_key(config: BenchConfig) -> GroupKey:
+    return config.engine, config.prompt_length, config.batch_size
+
+
+def groups_of(configs: Sequence[BenchConfig]) -> dict[GroupKey, tuple[int, ...]]:
+    """Each group's configurations (indices into `configs`), groups in the order they first appear."""
+    groups: dict[GroupKey, list[int]] = {}
+    for index, config in enumerate(configs):
+        groups.setdefault(config_key(config), []).append(index)
+    return {key: tuple(indices) for key, indices in groups.items()}
 
 
 def check_all_fit(loaded: LoadedModel, config: SweepConfig) -> None:
@@ -278,10 +347,11 @@ class _Measurement:
     """The sweep's state while it runs: each configuration's prepared case, runs and schedule."""
 
     def __init__(self, loaded: LoadedModel, config: SweepConfig, bandwidth, engines: dict, folder: Path,
-                 progress: Progress, meter=None, profile: bool = False) -> None:
+                 progress: Progress, meter=None, profile: bool = False,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self.loaded, self.config, self.bandwidth, self.engines = loaded, config, bandwidth, engines
         self.folder, self.progress = folder, progress
-        self.meter, self.profile = meter, profile
+        self.meter, self.profile, self.clock = meter, profile, clock
         self.costs: dict[int, Costs] = {}
         self.profiles: dict[int, object] = {}
         self.bench_configs = config.bench_configs()
@@ -289,7 +359,14 @@ class _Measurement:
         self.failed: dict[int, BenchResult] = {}
         self.runs: dict[int, list[RunTimes]] = {i: [] for i in range(len(self.bench_configs))}
         self.schedule: dict[int, list[ScheduledRun]] = {i: [] for i in range(len(self.bench_configs))}
+        self.planned = {i: config.runs for i in range(len(self.bench_configs))}  # runs counted in the progress total
+        self.last_run_s: dict[int, float] = {}  # each configuration's latest measured run, wall-clock seconds
+        self.saved: set[int] = set()
         self.t0: float | None = None
+        self.groups = groups_of(self.bench_configs)
+        self.top_up_rounds: dict[GroupKey, int] = {key: 0 for key in self.groups}
+        self.stopped: dict[GroupKey, str] = {}
+        self.top_up_order: list[tuple[int, ...]] = []
 
     def prepare(self, index: int) -> None:
         """Prepare and warm up configuration `index` (once); out of memory makes it an "oom" row."""
@@ -315,7 +392,7 @@ class _Measurement:
         if index in self.failed:
             return
         self.progress.begin(result_stem(self.bench_configs[index]))
-        now = time.perf_counter()
+        now = self.clock()
         self.t0 = now if self.t0 is None else self.t0
         start_s = now - self.t0
         try:
@@ -325,10 +402,11 @@ class _Measurement:
                 raise
             message = first_line(error)[:300]
         else:
+            self.last_run_s[index] = self.clock() - now
             self.runs[index].append(run)
             self.schedule[index].append(ScheduledRun(slot.round, slot.position, start_s))
             self.progress.advance()
-            if len(self.runs[index]) == self.config.runs:
+            if not self.config.tops_up and len(self.runs[index]) == self.config.runs:
                 self.finish(index)
                 self.save(index)
             return
@@ -348,7 +426,7 @@ class _Measurement:
         self.cases.pop(index, None)
         if self.loaded.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.progress.advance(self.config.runs - len(self.runs[index]))
+        self.progress.advance(self.planned[index] - len(self.runs[index]))
         self.runs[index], self.schedule[index] = [], []
         self.failed[index] = failed_result(self.loaded, self.bench_configs[index], "oom", message)
         self.save(index)
@@ -361,15 +439,57 @@ class _Measurement:
         return self.cases[index].result(self.runs[index], self.costs.get(index), self.profiles.get(index))
 
     def save(self, index: int) -> None:
+        assert index not in self.saved, f"{result_stem(self.bench_configs[index])} is saved once, when final"
+        self.saved.add(index)
         stem = result_stem(self.bench_configs[index])
         data = {**self.result(index).to_dict(), "schedule": [s.to_dict() for s in self.schedule[index]]}
         save_json_or_fallback(self.folder / "results" / f"{stem}.json", data)
 
     def save_unfinished(self) -> None:
-        """After an interrupt: each configuration with some runs but not all of them, as it stands."""
+        """After an interrupt: each configuration with some runs not saved yet, as it stands."""
         for index, runs in self.runs.items():
-            if runs and len(runs) < self.config.runs:
+            if runs and index not in self.saved:
                 self.save(index)
+
+    # ------------------------------------------------------------------------- top-up
+
+    def verdicts_so_far(self) -> dict[GroupKey, tuple[hypotheses.Verdict, ...]]:
+        """`group_verdicts` on the runs measured so far, by group."""
+        groups: dict[GroupKey, Members] = {}
+        for key, indices in self.groups.items():
+            groups[key] = [(self.bench_configs[i].output_length, self.runs[i], self.cases[i].decode_roofline().bytes_per_step)
+                           for i in indices if i in self.cases and self.runs[i]]
+        return {key: judged.verdicts for key, judged in zip(groups, _judged(groups))}
+
+    def stop(self, key: GroupKey, reason: str) -> None:
+        """Group `key` gets no more runs: each of its measured configurations is finished and saved."""
+        self.stopped[key] = reason
+        for index in self.groups[key]:
+            if index in self.cases and self.runs[index] and index not in self.saved:
+                self.finish(index)
+                self.save(index)
+
+    def still_short(self, key: GroupKey) -> tuple[int, ...]:
+        """The group's configurations still measured and below `max_runs` runs."""
+        return tuple(i for i in self.groups[key] if i in self.cases and len(self.runs[i]) < self.config.max_runs)
+
+    def measure_round(self, slots: Sequence[Slot], keys: Sequence[GroupKey]) -> None:
+        """One top-up round of the groups `keys`: `slots`, counted in the progress first."""
+        self.top_up_order.append(tuple(slot.config for slot in slots))
+        for key in keys:
+            self.top_up_rounds[key] += 1
+        for slot in slots:
+            self.planned[slot.config] += 1
+        self.progress.grow(len(slots))
+        for slot in slots:
+            self.measure(slot)
+
+    def top_up_record(self) -> tuple[tuple[top_up.GroupTopUp, ...], tuple[tuple[str, ...], ...]]:
+        """Each group's top-up (a group not stopped was interrupted), and each round's stems in the order measured."""
+        groups = tuple(top_up.GroupTopUp(*key, self.top_up_rounds[key], self.stopped.get(key, top_up.INTERRUPTED))
+                       for key in self.groups)
+        rounds = tuple(tuple(result_stem(self.bench_configs[i]) for i in order) for order in self.top_up_order)
+        return groups, rounds
 
     def results(self) -> tuple[tuple[BenchResult, ...], dict]:
         """Results in the configurations' order, and their schedules by result stem."""
@@ -389,6 +509,36 @@ def series_key(result: BenchResult) -> tuple[str, int, int]:
 
 # (output length, its runs, bytes per decode step or None) for each length of one group
 Members = list[tuple[int, Sequence[RunTimes], Optional[float]]]
+
+
+def run_top_up(state: _Measurement, shuffler: random.Random) -> None:
+    """Rounds after the base rounds, over the undecided groups' configurations, until every group
+    has stopped (`inferlab.suite.top_up`); round indices go on from the base rounds'."""
+    config = state.config
+    spent_s, round_index = 0.0, config.runs
+    while True:
+        verdicts = state.verdicts_so_far()
+        going = []
+        for key in state.groups:
+            if key in state.stopped:
+                continue
+            if not top_up.is_undecided(verdicts[key]):
+                state.stop(key, top_up.DECIDED)
+            elif not state.still_short(key):
+                state.stop(key, top_up.MAX_RUNS)
+            else:
+                going.append(key)
+        if not going:
+            return
+        configs = sorted(i for key in going for i in state.still_short(key))
+        if not top_up.fits_budget(spent_s, sum(state.last_run_s[i] for i in configs), config.top_up_s):
+            for key in going:
+                state.stop(key, top_up.BUDGET)
+            return
+        began = state.clock()
+        state.measure_round(round_slots(shuffler, configs, round_index), going)
+        spent_s += state.clock() - began
+        round_index += 1
 
 
 def _judged(groups: dict[tuple[str, int, int], Members]) -> tuple[GroupVerdicts, ...]:
@@ -438,11 +588,13 @@ def run_sweep(
     progress: Progress | None = None,
     profile: bool = False,
     write: Callable[[SweepReport], SweepReport] | None = None,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> SweepReport:
     """Measure every configuration, saving each as it finishes, then the summary files: sweep.json,
     and whatever `write` (report -> report with its files) adds; None: sweep.json alone.
 
     With `profile`, each configuration also writes ``profiles/<stem>.trace.json`` (after its timed runs).
+    `clock` (seconds) times the schedule and the top-up's budget.
 
     On KeyboardInterrupt the summary files are written for the finished configurations and
     the interrupt is raised again.
@@ -458,24 +610,30 @@ def run_sweep(
     meter = energy.open_meter(loaded.output_device)  # once: it measures the counter's update interval
     if profile:
         (folder / "profiles").mkdir()
-    state = _Measurement(loaded, config, bandwidth, engines, folder, progress, meter, profile)
-    slots = measurement_order(len(state.bench_configs), config.runs, config.order, config.seed)
+    state = _Measurement(loaded, config, bandwidth, engines, folder, progress, meter, profile, clock)
+    shuffler = random.Random(config.seed)  # the interleaved order's, base rounds then top-up rounds
+    count = len(state.bench_configs)
+    slots = (base_rounds(shuffler, count, config.runs) if config.order == "interleaved"
+             else measurement_order(count, config.runs, config.order, config.seed))
     interrupt = None
     progress.start(len(slots))
     try:
         if config.order == "interleaved":  # warm-ups first, every configuration, before any measured run
-            for index in range(len(state.bench_configs)):
+            for index in range(count):
                 state.prepare(index)
         for slot in slots:
             state.measure(slot)
+        if config.tops_up:
+            run_top_up(state, shuffler)
     except KeyboardInterrupt as error:
         interrupt = error
         state.save_unfinished()
     finally:
         progress.close()
     results, schedules = state.results()
+    groups, rounds = state.top_up_record() if config.tops_up else ((), ())
     report = SweepReport(config, sweep_fingerprint(loaded), results, group_verdicts(results), folder,
-                         complete=interrupt is None, schedules=schedules)
+                         complete=interrupt is None, schedules=schedules, top_up_groups=groups, top_up_rounds=rounds)
     report = (write or write_json)(report)
     if interrupt is not None:
         raise interrupt
@@ -496,4 +654,16 @@ def sweep_dict(report: SweepReport) -> dict:
         "results": [{**r.to_dict(), "schedule": [s.to_dict() for s in report.schedules.get(result_stem(r.config), ())]}
                     for r in report.results],
         "hypotheses": [g.to_dict() for g in report.verdicts],
+        "top_up": top_up_dict(report),
     }
+
+
+def top_up_dict(report: SweepReport) -> dict | None:
+    """sweep.json's record of the top-up: each group's rounds and why they stopped, each round's order; None when off."""
+    if not report.config.tops_up:
+        return None
+    first = report.config.runs
+    return {"groups": [g.to_dict() for g in report.top_up_groups],
+            "rounds": [{"round": first + r, "order": list(stems)} for r, stems in enumerate(report.top_up_rounds)],
+            "shuffled_by": "random.Random(seed), continued after the base rounds; each round shuffles its "
+                           "configurations in the configurations' order"}
