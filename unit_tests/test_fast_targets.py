@@ -43,8 +43,8 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b4 down+gate/up rowwise n4", "fast b4 down+gate/up rowwise n2", "fast b4 qkv tma 80 programs",
         "fast b4 qkv tma 200 programs", "fast b4 down tma 80 programs", "fast b4 down tma 200 programs",
         *(f"fast b{b} gate/up l2 {tiles}" for b in (4, 8) for tiles in (0, 1, 2, 4, 8)),
-        "fast b8 o l2 1", "fast b8 o l2 2", *(f"fast b{b} qkv l2 {tiles}" for b in (4, 8) for tiles in (1, 2)),
-        *(f"fast b{b} {label} l2 1" for b in (4, 8) for label in ("qkv+o", "down", "qkv+o+down")),
+        "fast b8 o l2 2", *(f"fast b{b} qkv l2 2" for b in (4, 8)),
+        *(f"fast b{b} {label} l2 0" for b in (4, 8) for label in ("qkv+o", "down", "qkv+o+down")),
         "fast b4 head l2 1", "fast b8 head l2 1",
         "fast b4 down l2 8", "fast b4 gate/up+down s2 down l2 8",
         "fast b4 l2 ahead 8M", "fast b4 l2 ahead 24M", "fast b4 l2 ahead 8M attention", "fast b8 l2 ahead 8M",
@@ -179,10 +179,13 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     early = script.launch_policy(made["fast b4 gate/up+down s2 down l2 8"].launch)
     assert early.rows_launch(2048, 5632, False, 4).l2_tiles == 8 and early.rows_launch(5632, 2048, True, 4).l2_tiles == 0
     assert early.rows_launch(5632, 2048, True, 4).config.num_stages == 2
-    four = script.launch_policy(made["fast b4 qkv+o l2 1"].launch)
+    default = script.launch_policy(())
+    assert default.rows_launch(2560, 2048, False, 4).l2_tiles == default.rows_launch(2048, 5632, False, 16).l2_tiles == 1
+    four = script.launch_policy(made["fast b4 qkv+o l2 0"].launch)
     eight = script.launch_policy(next(case for case in script.cases("m", "small", [8], 1920)
-                                      if case.name == "fast b8 qkv+o l2 1").launch)
-    assert four.rows_launch(2560, 2048, False, 4).l2_tiles == eight.rows_launch(2048, 2048, False, 8).l2_tiles == 1
+                                      if case.name == "fast b8 qkv+o+down l2 0").launch)
+    assert four.rows_launch(2560, 2048, False, 4).l2_tiles == eight.rows_launch(2048, 2048, False, 8).l2_tiles == 0
+    assert eight.rows_launch(2048, 5632, False, 8).l2_tiles == 0 and four.rows_launch(2048, 5632, False, 4).l2_tiles == 1
     assert four.rows_launch(2048, 2048, False, 4).kernel == "rowwise"  # o at 4 rows as it runs
     head = script.launch_policy(made["fast b4 head l2 1"].launch).rows_launch(32000, 2048, False, 4)
     assert (head.config, head.l2_tiles) == (kernels.TMA_HEAD, 1)  # the default's tile, with its request
@@ -224,8 +227,8 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                        for n in (4, 2)),
                                      *(f"fast b4 {m} tma {p} programs" for m in ("qkv", "down") for p in (80, 200)),
                                      *(f"fast b4 gate/up l2 {tiles}" for tiles in (0, 1, 2, 4, 8)), "fast b4 down l2 8",
-                                     "fast b4 qkv l2 1", "fast b4 qkv l2 2", "fast b4 qkv+o l2 1", "fast b4 down l2 1",
-                                     "fast b4 qkv+o+down l2 1", "fast b4 head l2 1",
+                                     "fast b4 qkv l2 2", "fast b4 qkv+o l2 0", "fast b4 down l2 0",
+                                     "fast b4 qkv+o+down l2 0", "fast b4 head l2 1",
                                      "fast b4 gate/up+down s2 down l2 8",
                                      *(f"fast b1 attention-o{v}" for v in ("", " w16", " t128", " n512 t64 w16", " r128")),
                                      "fast b2 attention-o", "fast b4 attention-o",

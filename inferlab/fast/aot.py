@@ -165,10 +165,11 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
                       dict(num_warps=stream.num_warps, num_stages=stream.num_stages)))
     # the TMA kernel (LaunchPolicy(batched="tma"), the default from 4 rows) on TinyLlama's matrices
     # as the batched step splits them over 132 SMs, in its tiles (the LM head's own), and with the
-    # L2 prefetch of 2 or 4 tiles (LaunchPolicy(tma_prefetch=2); [gate; up]'s 4 by default, `MEASURED_ROWS`)
+    # L2 prefetch of 1, 2 or 4 tiles ([q; k; v], o and down's 1 and [gate; up]'s 4 by default,
+    # `MEASURED_ROWS`; LaunchPolicy(tma_prefetch=2))
     tma_types = dict(gemv, part_ptr=fp32, arrivals_ptr=i32)
     for (n, k, gated), prefetch in itertools.product(((2560, 2048, False), (2048, 2048, False), (5632, 2048, True),
-                                                      (2048, 5632, False), (32000, 2048, False)), (0, 2, 4)):
+                                                      (2048, 5632, False), (32000, 2048, False)), (0, 1, 2, 4)):
         config = kernels.MEASURED_ROWS.get((n, k, gated, 16), kernels.RowsLaunch("tma")).config or kernels.TMA_GEMV
         cases.append(_tma_case(kernels, tma_types, n, k, gated, config, prefetch, label="tma"))
     # o asking L2 for [gate; up]'s first 8 MB after its loop (LaunchPolicy(l2_ahead=8 MB))

@@ -17,7 +17,9 @@ On CUDA in bf16, greedy unless said, CUDA events, `--warmup` + `--runs` requests
   asked of L2 before the wait, with the narrow matrices in tiles of 32 or 16 weight rows (and
   their tiles asked of L2 before the wait; in tiles of 16 also with [gate; up], and with each
   program's first tile copied before the wait, `LaunchPolicy(tma_early=True)`), and in two
-  stages with and without that (and with `tma_early`);
+  stages with and without that (and with `tma_early`); with a matrix's own request of L2
+  (`RowsLaunch.l2_tiles`): [gate; up] asking for 0-8 tiles, [q; k; v] and o for 2, [q; k; v], o
+  and down for none (`l2 0`, as before their one tile was the default), the LM head for one;
   at 2 and 3 rows in the TMA kernel instead of one program per row; from 4 rows with the decode
   attention over ranges of 256 positions instead of 128; at every batch size, batch 1 included,
   with each kernel asking L2 for the first 8 or 24 MB of the next kernel's weight while it runs,
@@ -202,17 +204,17 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
                    launch=(("rows_added", (((5632, 2048, True, b), ("tma", None, 0, False, tiles)),)),))
               for b in batch_sizes if b in (4, 8, 16) for tiles in (0, 1, 2, 4, 8)]
     # the same for o at 8 and 16 rows (TMA programs after the attention's register kernel) and
-    # [q; k; v] (after down's TMA programs)
+    # [q; k; v] (after down's TMA programs), with 2 tiles (1, the default since: `MEASURED_ROWS`)
     found += [Case(f"fast b{b} {label} l2 {tiles}", "fast", model, batch_size=b,
                    launch=(("rows_added", (((*matrix, b), ("tma", None, 0, False, tiles)),)),))
               for label, matrix, sizes in (("o", (2048, 2048, False), (8, 16)), ("qkv", (2560, 2048, False), (4, 8, 16)))
-              for b in batch_sizes if b in sizes for tiles in (1, 2)]
-    # both with their first tile asked of L2 (o at 8 and 16 rows; at 4 it runs one row at a time);
-    # down (after [gate; up]'s TMA programs) and the LM head (after down's) with theirs, alone and
-    # with both
+              for b in batch_sizes if b in sizes for tiles in (2,)]
+    # [q; k; v] and o (o at 8 and 16 rows; at 4 it runs one row at a time), down, and all three
+    # without asking L2 for their first tile, as before (`L2_ONE_TILE` in `MEASURED_ROWS` asks for
+    # it); the LM head (after down's TMA programs) asking for its first
     one_tile = {"qkv": (2560, 2048, False), "o": (2048, 2048, False), "down": (2048, 5632, False)}
-    found += [Case(f"fast b{b} {label} l2 1", "fast", model, batch_size=b,
-                   launch=(("rows_added", tuple(((*one_tile[name], b), ("tma", None, 0, False, 1))
+    found += [Case(f"fast b{b} {label} l2 0", "fast", model, batch_size=b,
+                   launch=(("rows_added", tuple(((*one_tile[name], b), ("tma", None, 0, False, 0))
                                                 for name in label.split("+") if b != 4 or name != "o")),))
               for b in batch_sizes if b in (4, 8, 16) for label in ("qkv+o", "down", "qkv+o+down")]
     found += [Case(f"fast b{b} head l2 1", "fast", model, batch_size=b,
@@ -305,10 +307,14 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found += [Case(f"fast b{b} tma s2 prefetch {p}", "fast", model, batch_size=b,
                    launch=(("tma_gemv", (64, 256, 4, 2)), ("tma_prefetch", p))) for b in batch_sizes if b >= 4
               for p in (0, 8)]
-    # the stream-K kernel (every matrix but the LM head) with its weight tiles through TMA, at one
-    # and two programs per SM: the work cut evenly over the SMs with the TMA kernel's loads
+    # the stream-K kernel with its weight tiles through TMA, at one and two programs per SM: the work
+    # cut evenly over the SMs with the TMA kernel's loads, for every matrix but those with a launch
+    # measured for them before the L2 requests of `L2_ONE_TILE` (the LM head, [gate; up], o at 4 rows)
+    def streamed(b: int) -> tuple:
+        return tuple(((*one_tile[name], b), ("stream", None)) for name in ("qkv", "o", "down") if b != 4 or name != "o")
+
     found += [Case(f"fast b{b} stream tma {p}/SM", "fast", model, batch_size=b,
-                   launch=(("batched", "stream"), ("stream_tma", True), ("stream_per_sm", p)))
+                   launch=(("batched", "stream"), ("stream_tma", True), ("stream_per_sm", p), ("rows_added", streamed(b))))
               for b in batch_sizes if b >= 4 for p in (1, 2)]
     # the decode attention over ranges of 256 positions instead of 128: with a batch there are
     # programs enough without the second range, and a cache of 256 then needs no combine kernel

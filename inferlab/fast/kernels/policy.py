@@ -124,11 +124,18 @@ TENSOR_ROWS: dict[tuple[int, int, bool, int], RowsLaunch] = {
 # slower at 8 rows (docs/perf/h100/attention-o.md);
 # and [gate; up]'s programs asking L2 for their first 4 weight tiles (of 8) before the wait: on an
 # H100 the step 3.2% / 2.3% / 1.2% faster at batches 4 / 8 / 16 than without, where 1 or 2 tiles
-# gained less and 8 tiles lost 0.5% at batch 4 (docs/perf/h100/gate-up-l2.md)
+# gained less and 8 tiles lost 0.5% at batch 4 (docs/perf/h100/gate-up-l2.md);
+# and [q; k; v], o (from 8 rows: at 4 it runs one row at a time) and down asking L2 for their
+# first weight tile before the wait: on an H100 the step 3.1% / 4.6% / 3.6% faster at batches
+# 4 / 8 / 16 than without, the same to 0.1% in three processes, where [q; k; v] and o alone gained
+# 1.6-1.8% / 3.3% / 2.5-2.7% and down alone 1.2% / 1.2% / 0.6%, and the LM head's request nothing
+# (docs/perf/h100/l2-one-tile.md)
+L2_ONE_TILE = ((2560, 2048, False, (4, 8, 16)), (2048, 2048, False, (8, 16)), (2048, 5632, False, (4, 8, 16)))
 MEASURED_ROWS: dict[tuple[int, int, bool, int], RowsLaunch] = {
     **{(32000, 2048, False, rows): RowsLaunch("tma", TMA_HEAD) for rows in (4, 8, 16)},
     (2048, 2048, False, 4): RowsLaunch("rowwise", LaunchConfig(2, 2048, 4, 1)),
     **{(5632, 2048, True, rows): RowsLaunch("tma", l2_tiles=4) for rows in (4, 8, 16)},
+    **{(n, k, gated, rows): RowsLaunch("tma", l2_tiles=1) for n, k, gated, sizes in L2_ONE_TILE for rows in sizes},
 }
 
 
