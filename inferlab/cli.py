@@ -154,7 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument("--inject-delay-per-position-us", type=float, default=0.0, metavar="US",
                        help="test the verdicts: each decode step waits US microseconds x its cache position "
                             "(TPOT then grows with the context; off by default)")
-    sweep.add_argument("--max-runs", type=_non_negative_int, default=None, metavar="N",
+    sweep.add_argument("--max-runs", type=_non_negative_int, default=0, metavar="N",
                        help="top-up: while a group's hypotheses are INCONCLUSIVE, measure its configurations in more "
                             "interleaved rounds, up to N runs each (the main job, tox -e sweep, asks for 10); "
                             "default 0: exactly --runs")
@@ -640,19 +640,13 @@ def _default_sweep_engines(args) -> tuple[str, ...]:
 
 
 def _sweep_max_runs(args) -> int:
-    """--max-runs (default 0: no top-up), refused above --runs for a sequential sweep and across
-    tensor-parallel ranks, which must run the same rounds while each rank times its own runs (their
-    verdicts could differ). Off by default: the default GPU sweep's eager and hf groups stay
+    """--max-runs (default 0: no top-up), refused above --runs across tensor-parallel ranks, which
+    must run the same rounds while each rank times its own runs (their verdicts could differ); a
+    sequential sweep refuses it in `SweepConfig`. Off by default: the default GPU sweep's eager and hf groups stay
     undecided at any affordable count on a bimodal host, and the budget would only lengthen it."""
     from inferlab.model import layouts
 
-    lockstep = layouts.parse_layout(args.layout).kind == "tp"
-    if args.max_runs is None:
-        return 0
-    if args.order == "sequential" and args.max_runs > args.runs:
-        raise UsageError(f"--max-runs {args.max_runs} above --runs {args.runs} adds interleaved rounds: use "
-                         "--order interleaved, or --max-runs 0 with --order sequential")
-    if lockstep and args.max_runs > args.runs:
+    if layouts.parse_layout(args.layout).kind == "tp" and args.max_runs > args.runs:
         raise UsageError(f"--max-runs {args.max_runs} tops up on verdicts that each tensor-parallel rank would judge "
                          f"on its own timings: use --max-runs 0 with --layout {args.layout}")
     return args.max_runs

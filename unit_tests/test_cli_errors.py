@@ -64,7 +64,7 @@ CASES = [
     ("sweep", ["sweep", "tiny-random", *CPU, "--max-runs", "-1", *QUICK], 2, "expected an integer >= 0, got -1"),
     ("sweep", ["sweep", "tiny-random", *CPU, "--top-up-s", "nan", *QUICK], 2, "expected a finite number, got 'nan'"),
     ("sweep", ["sweep", "tiny-random", *CPU, "--order", "sequential", "--max-runs", "5", *QUICK, "--out", "OUT"], 2,
-     "--max-runs 5 above --runs 1 adds interleaved rounds"),
+     "max runs 5 above runs 1 tops up in interleaved rounds"),
     ("timing-demo", ["timing-demo", *CPU, "--size", "0"], 2, "expected a positive integer, got 0"),
     ("timing-demo", ["timing-demo", *CPU, "--size", "10000000"], 5, "needs at least"),
     ("gate", ["gate"], 2, "gate needs a base and a head run"),

@@ -306,7 +306,7 @@ def test_cli_sweep_prints_the_table_and_a_verdict_per_hypothesis(capsys, tmp_pat
         (["--engines", "nope"], "unknown engine 'nope'"),
         (["--prompt-lengths", "500", "--output-lengths", "100"], "exceed tiny-random's context of 512"),
         (["--order", "sequential", "--runs", "3", "--max-runs", "5"],
-         "--max-runs 5 above --runs 3 adds interleaved rounds: use --order interleaved, or --max-runs 0 with --order sequential"),
+         "max runs 5 above runs 3 tops up in interleaved rounds: use order interleaved, or max runs 0 with order sequential"),
         (["--runs", "3", "--max-runs", "2"], "max runs must be 0 (no top-up) or at least runs (3), got 2"),
         (["--top-up-s", "-5"], "the top-up budget must be a finite number of seconds >= 0, got -5.0"),
         (["--layout", "tp:2", "--max-runs", "12"], "each tensor-parallel rank would judge on its own timings"),
