@@ -380,7 +380,7 @@ def cmd_sweep(args) -> int:
 
     from inferlab.model import layouts
     from inferlab.look import tables
-    from inferlab.suite import sweep
+    from inferlab.suite import progress, sweep
     from inferlab.look import sweep_files
     from inferlab.storage import new_run_folder
 
@@ -399,7 +399,7 @@ def cmd_sweep(args) -> int:
         return 0
     folder = new_run_folder(args.out, "sweep")
     try:
-        report = sweep.run_sweep(loaded, config, folder, _bandwidth(loaded, args.no_probe), sweep.TqdmProgress(),
+        report = sweep.run_sweep(loaded, config, folder, _bandwidth(loaded, args.no_probe), progress.TqdmProgress(),
                                  profile=args.profile, write=sweep_files.write_outputs)
     except KeyboardInterrupt as stop:
         how = "stopped by SIGTERM" if isinstance(stop, errors.Terminated) else "interrupted"

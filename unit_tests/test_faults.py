@@ -13,7 +13,7 @@ from inferlab.decode.engines import EagerEngine
 from inferlab.errors import DoesNotFit
 from inferlab.model import fit
 from inferlab.storage import new_run_folder
-from inferlab.suite import sweep
+from inferlab.suite import progress, sweep
 from inferlab.look.sweep_files import write_outputs
 
 SMALL = dict(model="tiny-random", output_lengths=(2, 4, 8), prompt_lengths=(4,), warmup_runs=0, runs=2)
@@ -47,7 +47,7 @@ def run_small(tiny, tmp_path, monkeypatch, fail):
     monkeypatch.setattr(sweep, "make_engine", lambda name, model: FailsAtLength(model, 4, fail))
     folder = new_run_folder(tmp_path, "sweep")
     return sweep.run_sweep(tiny, sweep.SweepConfig(**SMALL), folder, (None, "unknown"),
-                           sweep.NullProgress(), write=write_outputs)
+                           progress.NullProgress(), write=write_outputs)
 
 
 @pytest.mark.parametrize("error", [CPU_OOM, MemoryError()], ids=["DefaultCPUAllocator", "MemoryError"])
@@ -89,7 +89,7 @@ def test_a_sweep_refusal_for_memory_is_that_configurations_oom_row(tiny, tmp_pat
     monkeypatch.setattr(fit, "free_bytes", lambda device: 200_000)  # fits batch 1, not batch 64
     folder = new_run_folder(tmp_path, "sweep")
     config = sweep.SweepConfig(**{**SMALL, "output_lengths": (2,), "batch_sizes": (1, 64)})
-    report = sweep.run_sweep(tiny, config, folder, (None, "unknown"), sweep.NullProgress(), write=write_outputs)
+    report = sweep.run_sweep(tiny, config, folder, (None, "unknown"), progress.NullProgress(), write=write_outputs)
     assert [(r.config.batch_size, r.status) for r in report.results] == [(1, "ok"), (64, "oom")]
     assert "needs at least" in report.results[1].error
 

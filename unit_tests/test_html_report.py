@@ -12,7 +12,7 @@ from inferlab.cli import main
 from inferlab.look import html_report
 from inferlab.measure.profiling import KernelTime, ProfileSummary
 from inferlab.storage import new_run_folder
-from inferlab.suite import sweep
+from inferlab.suite import progress, sweep
 from inferlab.look.sweep_files import write_outputs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -50,7 +50,7 @@ def assert_self_contained(page: Page) -> None:
 def test_the_sweep_page_holds_every_section_and_embedded_plots(tiny, tmp_path):
     config = sweep.SweepConfig(model="tiny-random", output_lengths=(2, 4, 8), prompt_lengths=(4,), warmup_runs=0, runs=2)
     report = sweep.run_sweep(tiny, config, new_run_folder(tmp_path, "sweep"), (None, "unknown"),
-                             sweep.NullProgress(), write=write_outputs)
+                             progress.NullProgress(), write=write_outputs)
     path = report.folder / "sweep.html"
     assert path in report.files
     text = path.read_text()
@@ -68,7 +68,7 @@ def test_the_sweep_page_holds_every_section_and_embedded_plots(tiny, tmp_path):
 def test_a_profiled_sweep_page_lists_the_top_operators(tiny, tmp_path):
     config = sweep.SweepConfig(model="tiny-random", output_lengths=(8,), prompt_lengths=(4,), warmup_runs=0, runs=1)
     report = sweep.run_sweep(tiny, config, new_run_folder(tmp_path, "sweep"), (None, "unknown"),
-                             sweep.NullProgress(), write=write_outputs,
+                             progress.NullProgress(), write=write_outputs,
                              profile=True)
     page = Page((report.folder / "sweep.html").read_text())
     assert page.sections == list(html_report.SWEEP_SECTIONS) + ["profiles"]

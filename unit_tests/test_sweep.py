@@ -9,6 +9,8 @@ import torch
 
 from inferlab.look import tables
 from inferlab.suite import hypotheses, sweep, top_up
+from inferlab.suite.progress import NullProgress, TqdmProgress
+from inferlab.suite.schedule import measurement_order
 from inferlab.cli import build_parser, main
 from inferlab.decode.engines import EagerEngine, make_engine
 from inferlab.errors import UsageError
@@ -70,7 +72,7 @@ def fail_at(monkeypatch, output_length, error):
 def run_small(tiny, tmp_path, **overrides):
     folder = new_run_folder(tmp_path, "sweep")
     return sweep.run_sweep(tiny, sweep.SweepConfig(**{**SMALL, **overrides}), folder, (None, "unknown"),
-                           sweep.NullProgress(), write=write_outputs)
+                           NullProgress(), write=write_outputs)
 
 
 def test_sweep_writes_each_result_then_json_csv_markdown_and_plots(tiny, tmp_path):
@@ -162,7 +164,7 @@ def test_interrupt_keeps_finished_configurations_and_raises_again(tiny, tmp_path
     folder = new_run_folder(tmp_path, "sweep")
     with pytest.raises(KeyboardInterrupt):
         sweep.run_sweep(tiny, sweep.SweepConfig(**SMALL, order="sequential"), folder, (None, "unknown"),
-                        sweep.NullProgress(), write=write_outputs)
+                        NullProgress(), write=write_outputs)
     assert [p.name for p in (folder / "results").iterdir()] == ["eager-b1-p4-n2.json"]
     data = json.loads((folder / "sweep.json").read_text())
     assert data["complete"] is False
@@ -172,17 +174,17 @@ def test_interrupt_keeps_finished_configurations_and_raises_again(tiny, tmp_path
 
 
 def test_interleaved_rounds_visit_every_configuration_once_in_an_order_shuffled_anew_each_round():
-    slots = sweep.measurement_order(5, 6, "interleaved", seed=3)
+    slots = measurement_order(5, 6, "interleaved", seed=3)
     rounds = [[s.config for s in slots if s.round == r] for r in range(6)]
     assert all(sorted(visit) == [0, 1, 2, 3, 4] for visit in rounds)
     assert all([s.position for s in slots if s.round == r] == [0, 1, 2, 3, 4] for r in range(6))
     assert len({tuple(visit) for visit in rounds}) > 1  # 6 draws of 120 orders: all equal has odds 120^-5
-    assert sweep.measurement_order(5, 6, "interleaved", seed=3) == slots  # the seed recorded repeats it
-    assert sweep.measurement_order(5, 6, "interleaved", seed=4) != slots
+    assert measurement_order(5, 6, "interleaved", seed=3) == slots  # the seed recorded repeats it
+    assert measurement_order(5, 6, "interleaved", seed=4) != slots
 
 
 def test_sequential_order_measures_each_configuration_back_to_back():
-    slots = sweep.measurement_order(3, 2, "sequential", seed=0)
+    slots = measurement_order(3, 2, "sequential", seed=0)
     assert [(s.config, s.round, s.position) for s in slots] == [(0, 0, 0), (0, 1, 0), (1, 0, 1), (1, 1, 1), (2, 0, 2), (2, 1, 2)]
 
 
@@ -192,7 +194,7 @@ def test_interleaved_sweep_prepares_and_warms_up_every_configuration_first_then_
     report = run_small(tiny, tmp_path, warmup_runs=1, runs=3, seed=5)
     assert engine.prepared == [2, 4, 8]  # once per configuration, not once per round
     assert engine.calls[:3] == [2, 4, 8]  # the warm-ups, before any measured run
-    slots = sweep.measurement_order(3, 3, "interleaved", 5)
+    slots = measurement_order(3, 3, "interleaved", 5)
     assert engine.calls[3:] == [(2, 4, 8)[s.config] for s in slots]
     data = json.loads((report.folder / "sweep.json").read_text())
     assert data["config"]["order"] == "interleaved" and data["config"]["seed"] == 5
@@ -215,8 +217,8 @@ def test_interrupt_in_a_round_keeps_every_run_measured_and_raises_again(tiny, tm
     folder = new_run_folder(tmp_path, "sweep")
     with pytest.raises(KeyboardInterrupt):
         sweep.run_sweep(tiny, sweep.SweepConfig(**{**SMALL, "runs": 3}), folder, (None, "unknown"),
-                        sweep.NullProgress(), write=write_outputs)
-    slots = sweep.measurement_order(3, 3, "interleaved", 0)[:4]
+                        NullProgress(), write=write_outputs)
+    slots = measurement_order(3, 3, "interleaved", 0)[:4]
     measured = {n: sum((2, 4, 8)[s.config] == n for s in slots) for n in (2, 4, 8)}
     data = json.loads((folder / "sweep.json").read_text())
     assert data["complete"] is False
@@ -229,7 +231,7 @@ def test_interrupt_in_a_round_keeps_every_run_measured_and_raises_again(tiny, tm
 def test_out_of_memory_in_a_later_round_makes_that_configuration_a_row_and_the_others_finish(tiny, tmp_path,
                                                                                             monkeypatch):
     error = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-    slots = sweep.measurement_order(3, 2, "interleaved", 0)
+    slots = measurement_order(3, 2, "interleaved", 0)
     engine = record_runs(monkeypatch, tiny, fail_on=4, error=error)  # the first run of round 1
     report = run_small(tiny, tmp_path)
     failed = (2, 4, 8)[slots[3].config]
@@ -275,7 +277,7 @@ def test_bad_sweep_configurations_are_refused_with_one_line(kwargs, message):
 
 
 def test_tqdm_progress_counts_every_measured_run(capsys):
-    progress = sweep.TqdmProgress()
+    progress = TqdmProgress()
     progress.start(4)
     progress.begin("eager-b1-p4-n2")
     progress.advance()
@@ -405,7 +407,7 @@ def spy_saves(monkeypatch, engine=None) -> list:
     return saves
 
 
-class CountingProgress(sweep.NullProgress):
+class CountingProgress(NullProgress):
     def __init__(self) -> None:
         self.total = self.done = 0
 
@@ -422,7 +424,7 @@ class CountingProgress(sweep.NullProgress):
 def sweep_with(tiny, tmp_path, config, progress=None, clock=None):
     folder = new_run_folder(tmp_path, "sweep")
     extra = {} if clock is None else {"clock": clock}
-    return sweep.run_sweep(tiny, config, folder, (None, "unknown"), progress or sweep.NullProgress(), write=write_outputs,
+    return sweep.run_sweep(tiny, config, folder, (None, "unknown"), progress or NullProgress(), write=write_outputs,
                            **extra)
 
 
@@ -440,7 +442,7 @@ def test_top_up_rounds_measure_only_the_undecided_groups_and_stop_once_decided(t
     assert {(r.prompt_length, r.config.output_length): len(r.runs) for r in report.results} == {
         **{(4, n): 3 for n in (2, 4, 8)}, **{(6, n): 5 for n in (2, 4, 8)}}
     assert len(engine.calls) == 6 * 3 + 2 * 3 and (progress.total, progress.done) == (24, 24)
-    slots = sweep.measurement_order(6, 3, "interleaved", 7, top_up_rounds=[[3, 4, 5], [3, 4, 5]])
+    slots = measurement_order(6, 3, "interleaved", 7, top_up_rounds=[[3, 4, 5], [3, 4, 5]])
     assert engine.calls == [(2, 4, 8, 2, 4, 8)[s.config] for s in slots]  # the base rounds' generator, continued
     data = json.loads((report.folder / "sweep.json").read_text())
     assert data["config"]["max_runs"] == 10 and data["config"]["top_up_s"] == sweep.DEFAULT_TOP_UP_S
@@ -533,7 +535,7 @@ def test_without_top_up_each_result_is_saved_after_its_last_base_run_and_judged_
     looks = judge_scripted(monkeypatch, lambda prompt, runs: False)  # undecided, yet nothing more is measured
     saves = spy_saves(monkeypatch, engine)
     report = sweep_with(tiny, tmp_path, sweep.SweepConfig(**{**SMALL, "runs": 3, "max_runs": max_runs}))
-    slots = sweep.measurement_order(3, 3, "interleaved", 0)
+    slots = measurement_order(3, 3, "interleaved", 0)
     assert engine.calls == [(2, 4, 8)[s.config] for s in slots]
     last_run = {f"eager-b1-p4-n{(2, 4, 8)[s.config]}.json": k + 1 for k, s in enumerate(slots)}
     assert sorted(saves) == sorted(last_run.items())
@@ -556,8 +558,8 @@ def test_interrupt_during_top_up_saves_what_was_measured_and_raises_again(tiny, 
     folder = new_run_folder(tmp_path, "sweep")
     with pytest.raises(KeyboardInterrupt):
         sweep.run_sweep(tiny, sweep.SweepConfig(**{**SMALL, "runs": 3, "max_runs": 10}), folder, (None, "unknown"),
-                        sweep.NullProgress(), write=write_outputs)
-    slots = sweep.measurement_order(3, 3, "interleaved", 0, top_up_rounds=[[0, 1, 2]])[:10]
+                        NullProgress(), write=write_outputs)
+    slots = measurement_order(3, 3, "interleaved", 0, top_up_rounds=[[0, 1, 2]])[:10]
     measured = {n: sum((2, 4, 8)[s.config] == n for s in slots) for n in (2, 4, 8)}
     assert sorted(measured.values()) == [3, 3, 4] and len(engine.calls) == 11
     assert sorted(name for name, _ in saves) == stems(4)  # each once
@@ -578,7 +580,7 @@ def test_out_of_memory_in_a_top_up_round_makes_that_configuration_a_row_and_the_
     saves = spy_saves(monkeypatch)
     progress = CountingProgress()
     report = sweep_with(tiny, tmp_path, sweep.SweepConfig(**{**SMALL, "runs": 3, "max_runs": 5}), progress)
-    round_3 = [s.config for s in sweep.measurement_order(3, 3, "interleaved", 0, top_up_rounds=[[0, 1, 2]])[9:]]
+    round_3 = [s.config for s in measurement_order(3, 3, "interleaved", 0, top_up_rounds=[[0, 1, 2]])[9:]]
     failed = (2, 4, 8)[round_3[1]]
     assert {r.config.output_length: (r.status, len(r.runs)) for r in report.results} == {
         n: ("oom", 0) if n == failed else ("ok", 5) for n in (2, 4, 8)}
@@ -627,7 +629,7 @@ def test_the_main_job_tops_up_to_10_runs():
 
 
 def test_tqdm_progress_grows_its_total_with_top_up_rounds(capsys):
-    progress = sweep.TqdmProgress()
+    progress = TqdmProgress()
     progress.start(2)
     progress.advance(2)
     progress.grow(3)

@@ -41,17 +41,18 @@ from __future__ import annotations
 
 import math
 import random
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
 from inferlab.measure import energy
 from inferlab.measure import fingerprint as fingerprints
 from inferlab.suite import hypotheses, top_up
+from inferlab.suite.progress import NullProgress, Progress
+from inferlab.suite.schedule import ORDERS, ScheduledRun, Slot, base_rounds, measurement_order, round_slots
 from inferlab.measure.bench import (SPLIT_ENGINES, BenchConfig, BenchResult, Costs, PreparedCase, measure_costs, check_fits, failed_result,
                                     prepare_case)
 from inferlab.measure.metrics import RunTimes
@@ -63,7 +64,6 @@ from inferlab.decode.sampling import SamplingConfig
 from inferlab.storage import save_json_or_fallback, write_json_atomic
 
 SCHEMA = "inferlab.sweep/1"
-ORDERS = ("interleaved", "sequential")
 DEFAULT_TOP_UP_S = 180.0  # for all top-up rounds: 7 more rounds of the CPU main job at TPOT 33 ms, 4 at 60 ms
 CUDA_ENGINES = ("eager", "hf", "fast")  # the engines users choose between
 CPU_ENGINES = ("eager",)  # keeps the CPU sweep to minutes
@@ -161,61 +161,6 @@ class SweepConfig:
 
 
 @dataclass(frozen=True)
-class Slot:
-    """A measured run's place in the sweep: configuration `config` (an index into `bench_configs`),
-    in round `round`, at `position` within that round."""
-
-    config: int
-    round: int
-    position: int
-
-
-def round_slots(shuffler: random.Random, configs: Sequence[int], round_index: int) -> tuple[Slot, ...]:
-    """One interleaved round: `configs` (indices into `bench_configs`) in an order shuffled by `shuffler`."""
-    visit = list(configs)
-    shuffler.shuffle(visit)
-    return tuple(Slot(index, round_index, position) for position, index in enumerate(visit))
-
-
-def base_rounds(shuffler: random.Random, count: int, runs: int) -> tuple[Slot, ...]:
-    """`runs` interleaved rounds over all `count` configurations, each shuffled anew by `shuffler`."""
-    return tuple(slot for r in range(runs) for slot in round_slots(shuffler, range(count), r))
-
-
-def measurement_order(count: int, runs: int, order: str, seed: int,
-                      top_up_rounds: Sequence[Sequence[int]] = ()) -> tuple[Slot, ...]:
-    """Every measured run of `count` configurations, in the order measured.
-
-    interleaved: `runs` rounds, each a permutation of the configurations drawn from
-    ``random.Random(seed)``, anew each round; then a round per entry of `top_up_rounds` (the
-    configurations that round measured), each shuffled, in ascending order, by the same
-    generator. sequential: configuration after configuration; a run's round is its index among
-    its configuration's runs and its position the configuration's index.
-    """
-    if order == "sequential":
-        assert not top_up_rounds, "top-up rounds are interleaved"
-        return tuple(Slot(index, r, index) for index in range(count) for r in range(runs))
-    assert order == "interleaved", order
-    shuffler = random.Random(seed)
-    slots = base_rounds(shuffler, count, runs)
-    for r, configs in enumerate(top_up_rounds, start=runs):
-        slots += round_slots(shuffler, sorted(configs), r)
-    return slots
-
-
-@dataclass(frozen=True)
-class ScheduledRun:
-    """When a measured run ran: its round, its position in the round, its start (s since the first measured run)."""
-
-    round: int
-    position: int
-    start_s: float
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
 class GroupVerdicts:
     """The hypotheses checked on one (engine, prompt length, batch size) group."""
 
@@ -247,67 +192,6 @@ class SweepReport:
     schedules: dict = field(default_factory=dict)  # result_stem -> tuple[ScheduledRun], one per run
     top_up_groups: tuple[top_up.GroupTopUp, ...] = ()  # one per group when `config.tops_up`
     top_up_rounds: tuple[tuple[str, ...], ...] = ()  # each top-up round's result stems, in the order measured
-
-
-class Progress(Protocol):
-    """start(total measured runs); begin(configuration) before each; advance(runs) as they finish;
-    grow(runs) when a top-up round adds to the total; close()."""
-
-    def start(self, total: int) -> None: ...
-
-    def begin(self, label: str) -> None: ...
-
-    def advance(self, steps: int = 1) -> None: ...
-
-    def grow(self, steps: int) -> None: ...
-
-    def close(self) -> None: ...
-
-
-class NullProgress:
-    """Shows nothing (tests, scripts)."""
-
-    def start(self, total: int) -> None:
-        pass
-
-    def begin(self, label: str) -> None:
-        pass
-
-    def advance(self, steps: int = 1) -> None:
-        pass
-
-    def grow(self, steps: int) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class TqdmProgress:
-    """A tqdm bar on stderr over every measured run, the current configuration as its postfix."""
-
-    def __init__(self) -> None:
-        self._bar = None
-
-    def start(self, total: int) -> None:
-        from tqdm import tqdm
-
-        self._bar = tqdm(total=total, desc="sweep", unit="run", file=sys.stderr, dynamic_ncols=True)
-
-    def begin(self, label: str) -> None:
-        self._bar.set_postfix_str(label)
-
-    def advance(self, steps: int = 1) -> None:
-        self._bar.update(steps)
-
-    def grow(self, steps: int) -> None:
-        self._bar.total += steps
-        self._bar.refresh()
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
 
 
 def result_stem(config: BenchConfig) -> str:
