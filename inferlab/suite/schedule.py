@@ -3,7 +3,8 @@ its place in the round (`measurement_order`), and when it ran (`ScheduledRun`).
 
 ``interleaved``: rounds, each visiting its configurations once in an order shuffled anew by one
 ``random.Random(seed)``, so that the host's drift is spread over every configuration;
-``sequential``: each configuration's runs back to back. Pure functions of their arguments.
+``sequential``: each configuration's runs back to back. No state of their own: the generator
+is an argument (`round_slots` and `base_rounds` advance the one passed in), or made from the seed.
 """
 
 from __future__ import annotations
