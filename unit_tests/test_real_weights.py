@@ -50,6 +50,25 @@ def test_a_token_difference_in_fp32_or_a_bf16_error_beyond_the_eager_loops_fails
     assert len(worse) == 2 and worse[0].startswith("bf16 max logit error") and worse[1].startswith("bf16 mean")
 
 
+def test_where_a_sequence_leaves_the_reference_the_references_margin_is_reported(script):
+    logits = torch.zeros(4, 10)
+    logits[1, 3], logits[1, 5] = 2.0, 1.5
+    eos = frozenset({9})
+    assert script.margin(logits, [4, 3, 9, 1], [4, 5, 0], eos) == {"step": 1, "reference_token": 3, "token": 5,
+                                                                    "fp32_margin": 0.5}
+    assert script.margin(logits, [4, 3, 9, 1], [4, 3, 9, 7], eos) is None  # equal up to the EOS
+    assert script.margin(logits, [4, 3, 9], [4], eos) is None  # ended before it could differ
+
+
+def test_leaving_the_fp32_tokens_where_fp32_was_no_near_tie_fails(script):
+    fp32, bf16 = row()  # the eager loop's largest bf16 error 0.1: a margin up to 0.2 is a near-tie
+    bf16["fast_departs"] = {"step": 3, "reference_token": 1, "token": 2, "fp32_margin": 0.15}
+    assert script.failures([fp32], [bf16]) == []
+    bf16["fast_departs"]["fp32_margin"] = 0.35
+    found = script.failures([fp32], [bf16])
+    assert len(found) == 1 and "leaves the fp32 tokens at step 3" in found[0] and "no near-tie" in found[0]
+
+
 def test_eos_ids_gather_the_configs_and_the_tokenizers(script, tiny):
     class Tokenizer:
         eos_token_id = 9
@@ -85,6 +104,7 @@ def test_fp32_on_cuda_the_fast_engines_greedy_tokens_on_smollm2_equal_eager_and_
 
     loaded = load_model("smollm2-135m", cuda_device, torch.float32)
     prompts = script.prompts_for(loaded, 3, 0, cuda_device)
-    rows = script.fp32_rows(loaded, prompts, 32)
+    rows, logits = script.fp32_rows(loaded, prompts, 32)
+    assert [tuple(l.shape) for l in logits] == [(32, loaded.model.config.vocab_size)] * 3
     assert all(r["fast_vs_eager"]["equal"] and r["generate_vs_eager"]["equal"] for r in rows), rows
     assert all(r["fast_vs_eager"]["reference_tokens"] >= 3 for r in rows)

@@ -13,7 +13,10 @@ For each prompt (one chat turn each, batch 1; random ids for a model without a t
   tokens agree with the fp32 tokens (up to the fp32 sequence's EOS), and each one's logit error
   against an fp32 reference on the same teacher-forced tokens (`inferlab.fast.check`). The fast
   engine's error must be of the size of the eager loop's own: at most `ERROR_FACTOR` times it,
-  largest and mean.
+  largest and mean. Where a bf16 sequence leaves the fp32 one, the fp32 model's margin there (its
+  chosen token's logit minus the bf16 choice's, on the same prefix) says whether that was a
+  near-tie that bf16 rounding may break either way: it must be within `ERROR_FACTOR` times the
+  eager loop's largest bf16 error.
 
 Writes `real.json` (every prompt's tokens and figures) in a new folder under --out, prints a
 table, and exits 1 when a check fails.
@@ -27,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from inferlab.decode.loop import DecodeConfig, generate
+from inferlab.decode.loop import DecodeConfig, generate, generate_steps
 from inferlab.decode.prompts import Prompt, from_texts, random_prompt
 from inferlab.errors import UsageError
 from inferlab.fast.check import teacher_forced_check
@@ -84,17 +87,29 @@ def prompts_for(loaded, count: int, length: int, device: torch.device) -> list[t
             for seed in range(count)]
 
 
+def margin(logits: torch.Tensor, reference: list[int], ours: list[int], eos: frozenset[int]) -> dict | None:
+    """Where `ours` first leaves `reference` (cut at its EOS): the step and the reference model's
+    margin there, `logits` [N, V] being its logits at each step of `reference`. None when they agree."""
+    at = agreement(ours, reference, eos)["first_difference"]
+    if at is None or at >= len(ours):
+        return None
+    return {"step": at, "reference_token": reference[at], "token": ours[at],
+            "fp32_margin": (logits[at, reference[at]] - logits[at, ours[at]]).item()}
+
+
 @torch.inference_mode()
-def greedy_tokens(loaded, prompt: Prompt, new_tokens: int, engine: FastEngine) -> dict[str, list[int]]:
-    """Each engine's greedy tokens for one prompt: the fast engine's, the eager loop's, generate's."""
+def greedy_tokens(loaded, prompt: Prompt, new_tokens: int, engine: FastEngine) -> tuple[dict[str, list[int]], torch.Tensor]:
+    """Each engine's greedy tokens for one prompt (the fast engine's, the eager loop's, generate's),
+    and the eager loop's logits at each of its steps [N, V] on the CPU."""
     config = DecodeConfig(new_tokens, ignore_eos=True)
     fast = engine.run(prompt, config, None, clock_for(loaded.device, new_tokens))
     synchronize(loaded.device)
-    eager = generate(loaded.model, prompt, config).tokens
+    steps = [(s.tokens[0].item(), s.logits[0].float().cpu()) for s in generate_steps(loaded.model, prompt, config)]
     theirs = loaded.model.generate(input_ids=prompt.input_ids, attention_mask=prompt.attention_mask,
                                    max_new_tokens=new_tokens, do_sample=False,
                                    pad_token_id=eos_fallback(loaded))
-    return {"fast": fast[0].tolist(), "eager": eager[0].tolist(), "generate": theirs[0, prompt.length:].tolist()}
+    tokens = {"fast": fast[0].tolist(), "eager": [t for t, _ in steps], "generate": theirs[0, prompt.length:].tolist()}
+    return tokens, torch.stack([l for _, l in steps])
 
 
 def eos_fallback(loaded) -> int:
@@ -102,23 +117,25 @@ def eos_fallback(loaded) -> int:
     return pad if pad is not None else int(loaded.model.config.eos_token_id or 0)
 
 
-def fp32_rows(loaded, prompts, new_tokens: int) -> list[dict]:
+def fp32_rows(loaded, prompts, new_tokens: int) -> tuple[list[dict], list[torch.Tensor]]:
+    """One row per prompt, and the eager loop's fp32 logits per prompt (for the bf16 margins)."""
     engine = FastEngine(loaded.model)
     eos = eos_ids(loaded)
-    rows = []
+    rows, logits = [], []
     for label, prompt in prompts:
-        tokens = greedy_tokens(loaded, prompt, new_tokens, engine)
+        tokens, steps = greedy_tokens(loaded, prompt, new_tokens, engine)
         rows.append({"prompt": label, "prompt_tokens": prompt.length, "tokens": tokens,
                      "fast_vs_eager": agreement(tokens["fast"], tokens["eager"], eos),
                      "generate_vs_eager": agreement(tokens["generate"], tokens["eager"], eos)})
-    return rows
+        logits.append(steps)
+    return rows, logits
 
 
-def bf16_rows(loaded, prompts, new_tokens: int, fp32: list[dict]) -> list[dict]:
+def bf16_rows(loaded, prompts, new_tokens: int, fp32: list[dict], fp32_logits: list[torch.Tensor]) -> list[dict]:
     engine = FastEngine(loaded.model)
     eos = eos_ids(loaded)
     rows = []
-    for (label, prompt), reference in zip(prompts, fp32):
+    for (label, prompt), reference, logits in zip(prompts, fp32, fp32_logits):
         check = teacher_forced_check(loaded, prompt, new_tokens, engine)
         config = DecodeConfig(new_tokens, ignore_eos=True)
         with torch.inference_mode():
@@ -127,6 +144,7 @@ def bf16_rows(loaded, prompts, new_tokens: int, fp32: list[dict]) -> list[dict]:
         wanted = reference["tokens"]["eager"]
         rows.append({"prompt": label, "tokens": {"fast": fast, "eager": eager},
                      "fast_vs_fp32": agreement(fast, wanted, eos), "eager_vs_fp32": agreement(eager, wanted, eos),
+                     "fast_departs": margin(logits, wanted, fast, eos), "eager_departs": margin(logits, wanted, eager, eos),
                      "logits": check})
     return rows
 
@@ -141,6 +159,11 @@ def failures(fp32: list[dict], bf16: list[dict], factor: float = ERROR_FACTOR) -
                              f"of {row[name]['reference_tokens']} on {row['prompt']!r}")
     for row in bf16:
         logits = row["logits"]
+        bound = factor * logits["max_abs_logit_err_eager_vs_fp32"]
+        departs = row.get("fast_departs")
+        if departs is not None and departs["fp32_margin"] > bound:
+            found.append(f"bf16 fast leaves the fp32 tokens at step {departs['step']}, where fp32 leads by "
+                         f"{departs['fp32_margin']:.3f}: no near-tie (bound {bound:.3f}) on {row['prompt']!r}")
         for kind in ("max", "mean"):
             fast, eager = logits[f"{kind}_abs_logit_err_fast_vs_fp32"], logits[f"{kind}_abs_logit_err_eager_vs_fp32"]
             if fast > factor * eager:
@@ -151,8 +174,8 @@ def failures(fp32: list[dict], bf16: list[dict], factor: float = ERROR_FACTOR) -
 
 def table(fp32: list[dict], bf16: list[dict]) -> str:
     lines = ["| prompt | fp32 tokens to EOS | fast = eager | generate = eager | bf16 fast / eager = fp32 to EOS "
-             "| bf16 max logit error fast / eager | mean |",
-             "|---|---|---|---|---|---|---|"]
+             "| fp32 margin where bf16 fast / eager leaves it | bf16 max logit error fast / eager | mean |",
+             "|---|---|---|---|---|---|---|---|"]
     for a, b in zip(fp32, bf16):
         n = a["fast_vs_eager"]["reference_tokens"]
         logits = b["logits"]
@@ -160,9 +183,14 @@ def table(fp32: list[dict], bf16: list[dict]) -> str:
             f"| {a['prompt']} | {n} | {'yes' if a['fast_vs_eager']['equal'] else 'no'} "
             f"| {'yes' if a['generate_vs_eager']['equal'] else 'no'} "
             f"| {b['fast_vs_fp32']['equal_tokens']} / {b['eager_vs_fp32']['equal_tokens']} of {n} "
+            f"| {departed(b.get('fast_departs'))} / {departed(b.get('eager_departs'))} "
             f"| {logits['max_abs_logit_err_fast_vs_fp32']:.3f} / {logits['max_abs_logit_err_eager_vs_fp32']:.3f} "
             f"| {logits['mean_abs_logit_err_fast_vs_fp32']:.4f} / {logits['mean_abs_logit_err_eager_vs_fp32']:.4f} |")
     return "\n".join(lines)
+
+
+def departed(departs: dict | None) -> str:
+    return "-" if departs is None else f"{departs['fp32_margin']:.3f} (step {departs['step']})"
 
 
 def main() -> int:
@@ -186,10 +214,10 @@ def main() -> int:
         out = new_run_folder(args.out, "real")
         fp32_model = load_model(args.model, device, torch.float32)
         prompts = prompts_for(fp32_model, args.prompts, args.prompt_length, device)
-        fp32 = fp32_rows(fp32_model, prompts, args.new_tokens)
+        fp32, fp32_logits = fp32_rows(fp32_model, prompts, args.new_tokens)
         del fp32_model
         bf16_model = load_model(args.model, device, torch.bfloat16)
-        bf16 = bf16_rows(bf16_model, prompts, args.new_tokens, fp32)
+        bf16 = bf16_rows(bf16_model, prompts, args.new_tokens, fp32, fp32_logits)
     except UsageError as error:
         print(f"real_weights: {error}", file=sys.stderr)
         return 2
