@@ -1,5 +1,5 @@
-"""perf_tests/scripts/real_weights.py: tokens compared up to the first EOS, the checks that fail it, and a run on
-the CPU end to end (on a GPU: `unit_tests/test_fast.py`'s SmolLM2 test, and the script itself)."""
+"""Tokens compared up to the first EOS (`inferlab.fast.check`), and perf_tests/scripts/real_weights.py: the checks
+that fail it, a run on the CPU end to end, and on a GPU the fast engine's fp32 tokens on SmolLM2's real weights."""
 
 import json
 import subprocess
@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from inferlab.fast.check import agreement, margin, to_eos
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "perf_tests" / "scripts" / "real_weights.py"
@@ -18,15 +20,15 @@ def script(perf_script):
     return perf_script("real_weights")
 
 
-def test_tokens_are_compared_up_to_the_references_first_eos(script):
+def test_tokens_are_compared_up_to_the_references_first_eos():
     eos = frozenset({2, 7})
-    assert script.to_eos([5, 6, 7, 2, 9], eos) == [5, 6, 7]
-    assert script.to_eos([5, 6], eos) == [5, 6]
-    assert script.agreement([5, 6, 7, 4, 4], [5, 6, 7, 2, 9], eos) == {
+    assert to_eos([5, 6, 7, 2, 9], eos) == [5, 6, 7]
+    assert to_eos([5, 6], eos) == [5, 6]
+    assert agreement([5, 6, 7, 4, 4], [5, 6, 7, 2, 9], eos) == {
         "reference_tokens": 3, "equal_tokens": 3, "equal": True, "first_difference": None}  # after EOS: not compared
-    assert script.agreement([5, 1, 7], [5, 6, 7, 2], eos) == {
+    assert agreement([5, 1, 7], [5, 6, 7, 2], eos) == {
         "reference_tokens": 3, "equal_tokens": 1, "equal": False, "first_difference": 1}
-    assert script.agreement([5], [5, 6, 7], eos)["first_difference"] == 1  # a shorter sequence differs where it ends
+    assert agreement([5], [5, 6, 7], eos)["first_difference"] == 1  # a shorter sequence differs where it ends
 
 
 def row(fast_equal=True, generate_equal=True, fast_err=0.1, eager_err=0.1):
@@ -50,14 +52,14 @@ def test_a_token_difference_in_fp32_or_a_bf16_error_beyond_the_eager_loops_fails
     assert len(worse) == 2 and worse[0].startswith("bf16 max logit error") and worse[1].startswith("bf16 mean")
 
 
-def test_where_a_sequence_leaves_the_reference_the_references_margin_is_reported(script):
+def test_where_a_sequence_leaves_the_reference_the_references_margin_is_reported():
     logits = torch.zeros(4, 10)
     logits[1, 3], logits[1, 5] = 2.0, 1.5
     eos = frozenset({9})
-    assert script.margin(logits, [4, 3, 9, 1], [4, 5, 0], eos) == {"step": 1, "reference_token": 3, "token": 5,
-                                                                    "fp32_margin": 0.5}
-    assert script.margin(logits, [4, 3, 9, 1], [4, 3, 9, 7], eos) is None  # equal up to the EOS
-    assert script.margin(logits, [4, 3, 9], [4], eos) is None  # ended before it could differ
+    assert margin(logits, [4, 3, 9, 1], [4, 5, 0], eos) == {"step": 1, "reference_token": 3, "token": 5,
+                                                             "fp32_margin": 0.5}
+    assert margin(logits, [4, 3, 9, 1], [4, 3, 9, 7], eos) is None  # equal up to the EOS
+    assert margin(logits, [4, 3, 9], [4], eos) is None  # ended before it could differ
 
 
 def test_leaving_the_fp32_tokens_where_fp32_was_no_near_tie_fails(script):
@@ -67,13 +69,6 @@ def test_leaving_the_fp32_tokens_where_fp32_was_no_near_tie_fails(script):
     bf16["fast_departs"]["fp32_margin"] = 0.35
     found = script.failures([fp32], [bf16])
     assert len(found) == 1 and "leaves the fp32 tokens at step 3" in found[0] and "no near-tie" in found[0]
-
-
-def test_eos_ids_gather_the_configs_and_the_tokenizers(script, tiny):
-    class Tokenizer:
-        eos_token_id = 9
-    loaded = type("Loaded", (), {"model": tiny.model, "tokenizer": Tokenizer()})()
-    assert script.eos_ids(loaded) == frozenset({tiny.model.config.eos_token_id, 9})
 
 
 def test_a_cpu_run_compares_every_engine_and_keeps_the_tokens(tmp_path):

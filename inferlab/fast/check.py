@@ -17,6 +17,41 @@ from inferlab.fast.engine import FastLlama
 from inferlab.measure.clocks import clock_for, synchronize
 
 
+def to_eos(tokens: list[int], eos: frozenset[int]) -> list[int]:
+    """The tokens up to and including the first EOS (all of them when none is an EOS)."""
+    for index, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: index + 1]
+    return tokens
+
+
+def agreement(ours: list[int], reference: list[int], eos: frozenset[int]) -> dict:
+    """How far `ours` equals `reference`, both cut at the reference's first EOS: the reference's
+    length there, the tokens equal from the start, and the first step that differs (None: none)."""
+    wanted = to_eos(reference, eos)
+    same = 0
+    for mine, theirs in zip(ours, wanted):
+        if mine != theirs:
+            break
+        same += 1
+    return {"reference_tokens": len(wanted), "equal_tokens": same, "equal": same == len(wanted),
+            "first_difference": None if same == len(wanted) else same}
+
+
+def margin(logits: torch.Tensor, reference: list[int], ours: list[int], eos: frozenset[int]) -> dict | None:
+    """Where `ours` first leaves `reference` (cut at its EOS): the step, both tokens, and how far
+    the reference model's choice led there (`fp32_margin`, its logit minus that of ours), `logits`
+    [N, V] being the reference model's logits at each of its steps. None where they do not part.
+
+    A margin below the logit error of lower precision is a near-tie that rounding may break either
+    way; a larger one means the two computations differ by more than rounding."""
+    at = agreement(ours, reference, eos)["first_difference"]
+    if at is None or at >= len(ours):
+        return None
+    return {"step": at, "reference_token": reference[at], "token": ours[at],
+            "fp32_margin": (logits[at, reference[at]] - logits[at, ours[at]]).item()}
+
+
 def reference_logits(model, prompt, tokens: torch.Tensor) -> torch.Tensor:
     """fp32 logits [B, N, V] for each generated position, teacher-forced on `tokens` [B, N]."""
     reference = copy.deepcopy(model).to(torch.float32)  # the same weights, upcast: the same function

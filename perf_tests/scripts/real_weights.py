@@ -30,10 +30,10 @@ from pathlib import Path
 
 import torch
 
-from inferlab.decode.loop import DecodeConfig, generate, generate_steps
+from inferlab.decode.loop import DecodeConfig, eos_token_ids, generate, generate_steps
 from inferlab.decode.prompts import Prompt, from_texts, random_prompt
 from inferlab.errors import UsageError
-from inferlab.fast.check import teacher_forced_check
+from inferlab.fast.check import agreement, margin, teacher_forced_check
 from inferlab.fast.engine import FastEngine
 from inferlab.measure.clocks import clock_for, synchronize
 from inferlab.model.registry import load_model
@@ -49,35 +49,6 @@ PROMPTS = (
 ERROR_FACTOR = 2.0  # the fast engine's bf16 error against fp32, at most this many times the eager loop's
 
 
-def to_eos(tokens: list[int], eos: frozenset[int]) -> list[int]:
-    """The tokens up to and including the first EOS (all of them when none is an EOS)."""
-    for index, token in enumerate(tokens):
-        if token in eos:
-            return tokens[: index + 1]
-    return tokens
-
-
-def agreement(ours: list[int], reference: list[int], eos: frozenset[int]) -> dict:
-    """How far `ours` equals `reference`, both cut at the reference's first EOS."""
-    wanted = to_eos(reference, eos)
-    same = 0
-    for mine, theirs in zip(ours, wanted):
-        if mine != theirs:
-            break
-        same += 1
-    return {"reference_tokens": len(wanted), "equal_tokens": same, "equal": same == len(wanted),
-            "first_difference": None if same == len(wanted) else same}
-
-
-def eos_ids(loaded) -> frozenset[int]:
-    """Every EOS id the model's configs and tokenizer name."""
-    found = set()
-    for source in (loaded.model.config, getattr(loaded.model, "generation_config", None), loaded.tokenizer):
-        value = getattr(source, "eos_token_id", None) if source is not None else None
-        found.update(value if isinstance(value, (list, tuple)) else [] if value is None else [value])
-    return frozenset(int(v) for v in found)
-
-
 def prompts_for(loaded, count: int, length: int, device: torch.device) -> list[tuple[str, Prompt]]:
     """(label, prompt) pairs: one chat turn per text, or seeded random ids without a tokenizer."""
     if loaded.tokenizer is not None:
@@ -85,16 +56,6 @@ def prompts_for(loaded, count: int, length: int, device: torch.device) -> list[t
     vocab = loaded.model.config.vocab_size
     return [(f"random ids, seed {seed}", random_prompt(vocab, length, 1, torch.Generator().manual_seed(seed), device))
             for seed in range(count)]
-
-
-def margin(logits: torch.Tensor, reference: list[int], ours: list[int], eos: frozenset[int]) -> dict | None:
-    """Where `ours` first leaves `reference` (cut at its EOS): the step and the reference model's
-    margin there, `logits` [N, V] being its logits at each step of `reference`. None when they agree."""
-    at = agreement(ours, reference, eos)["first_difference"]
-    if at is None or at >= len(ours):
-        return None
-    return {"step": at, "reference_token": reference[at], "token": ours[at],
-            "fp32_margin": (logits[at, reference[at]] - logits[at, ours[at]]).item()}
 
 
 @torch.inference_mode()
@@ -107,20 +68,21 @@ def greedy_tokens(loaded, prompt: Prompt, new_tokens: int, engine: FastEngine) -
     steps = [(s.tokens[0].item(), s.logits[0].float().cpu()) for s in generate_steps(loaded.model, prompt, config)]
     theirs = loaded.model.generate(input_ids=prompt.input_ids, attention_mask=prompt.attention_mask,
                                    max_new_tokens=new_tokens, do_sample=False,
-                                   pad_token_id=eos_fallback(loaded))
+                                   pad_token_id=pad_id(loaded))
     tokens = {"fast": fast[0].tolist(), "eager": [t for t, _ in steps], "generate": theirs[0, prompt.length:].tolist()}
     return tokens, torch.stack([l for _, l in steps])
 
 
-def eos_fallback(loaded) -> int:
+def pad_id(loaded) -> int:
+    """What `generate` pads a finished row with: the tokenizer's pad id, else the first EOS id."""
     pad = getattr(loaded.tokenizer, "pad_token_id", None) if loaded.tokenizer is not None else None
-    return pad if pad is not None else int(loaded.model.config.eos_token_id or 0)
+    return pad if pad is not None else (eos_token_ids(loaded.model.generation_config) or (0,))[0]
 
 
 def fp32_rows(loaded, prompts, new_tokens: int) -> tuple[list[dict], list[torch.Tensor]]:
     """One row per prompt, and the eager loop's fp32 logits per prompt (for the bf16 margins)."""
     engine = FastEngine(loaded.model)
-    eos = eos_ids(loaded)
+    eos = frozenset(eos_token_ids(loaded.model.generation_config))
     rows, logits = [], []
     for label, prompt in prompts:
         tokens, steps = greedy_tokens(loaded, prompt, new_tokens, engine)
@@ -133,7 +95,7 @@ def fp32_rows(loaded, prompts, new_tokens: int) -> tuple[list[dict], list[torch.
 
 def bf16_rows(loaded, prompts, new_tokens: int, fp32: list[dict], fp32_logits: list[torch.Tensor]) -> list[dict]:
     engine = FastEngine(loaded.model)
-    eos = eos_ids(loaded)
+    eos = frozenset(eos_token_ids(loaded.model.generation_config))
     rows = []
     for (label, prompt), reference, logits in zip(prompts, fp32, fp32_logits):
         check = teacher_forced_check(loaded, prompt, new_tokens, engine)
