@@ -503,8 +503,11 @@ def check(loaded, engine: FastEngine, output_length: int, label: str) -> dict:
     """`teacher_forced_check` at the reference shape, printed in one line."""
     prompt = build_prompt(loaded, BenchConfig(engine="fast", output_length=output_length))
     c = teacher_forced_check(loaded, prompt, output_length, engine)
+    parted = ("" if c["first_divergence_step"] is None else
+              f" (parted at step {c['first_divergence_step']}, where fp32 holds the two tokens "
+              f"{c['fp32_gap_where_free_running_parts']:.3f} apart)")
     print(f"correctness {label}: greedy tokens equal to the eager loop's "
-          f"{100 * c['greedy_token_agreement_fast_vs_eager']:.0f}%; max |logit error| vs fp32 fast "
+          f"{100 * c['greedy_token_agreement_fast_vs_eager']:.0f}%{parted}; max |logit error| vs fp32 fast "
           f"{c['max_abs_logit_err_fast_vs_fp32']:.3f}, eager {c['max_abs_logit_err_eager_vs_fp32']:.3f}; mean fast "
           f"{c['mean_abs_logit_err_fast_vs_fp32']:.4f}, eager {c['mean_abs_logit_err_eager_vs_fp32']:.4f}; top-1 "
           f"agreement with fp32 fast {100 * c['top1_agreement_fast_vs_fp32']:.1f}%, eager "
