@@ -84,11 +84,13 @@ def test_a_cpu_run_compares_every_engine_and_keeps_the_tokens(tmp_path):
     assert "| random ids, seed 1 |" in done.stdout
 
 
-def test_bad_arguments_are_refused_in_one_line_and_nothing_is_written(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", "--prompts", "0"],
+@pytest.mark.parametrize("bad, named", [(["--prompts", "0"], "--prompts"),
+                                        (["--model", "/no/such/folder"], "unknown model '/no/such/folder'")])
+def test_bad_arguments_are_refused_in_one_line_and_nothing_is_written(tmp_path, bad, named):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--out", str(tmp_path), "--device", "cpu", *bad],
                           capture_output=True, text=True, cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": ""}, timeout=120)
-    assert done.returncode == 2 and "--prompts" in done.stderr and "Traceback" not in done.stderr
-    assert not list(tmp_path.iterdir())
+    assert done.returncode == 2 and named in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
 
 
 @pytest.mark.gpu

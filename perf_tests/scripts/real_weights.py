@@ -37,7 +37,7 @@ from inferlab.fast.check import agreement, margin, teacher_forced_check
 from inferlab.fast.engine import FastEngine
 from inferlab.measure.clocks import clock_for, synchronize
 from inferlab.model.registry import load_model
-from inferlab.storage import new_run_folder, write_json_atomic
+from inferlab.storage import new_run_folder, writable_folder, write_json_atomic
 
 PROMPTS = (
     "What is the capital of France?",
@@ -173,7 +173,7 @@ def main() -> int:
         print("real_weights: needs a CUDA device (or --device cpu for a smoke test)", file=sys.stderr)
         return 2
     try:
-        out = new_run_folder(args.out, "real")
+        writable_folder(args.out)  # checked before the work; the run's own folder is made when there is a result
         fp32_model = load_model(args.model, device, torch.float32)
         prompts = prompts_for(fp32_model, args.prompts, args.prompt_length, device)
         fp32, fp32_logits = fp32_rows(fp32_model, prompts, args.new_tokens)
@@ -184,6 +184,11 @@ def main() -> int:
         print(f"real_weights: {error}", file=sys.stderr)
         return 2
     failed = failures(fp32, bf16)
+    try:
+        out = new_run_folder(args.out, "real")
+    except UsageError as error:
+        print(f"real_weights: {error}", file=sys.stderr)
+        return 2
     write_json_atomic(out / "real.json", {"args": vars(args) | {"out": str(args.out)}, "error_factor": ERROR_FACTOR,
                                           "fp32": fp32, "bf16": bf16, "failed": failed})
     print(f"{args.model} on {device.type}: {len(prompts)} prompts, {args.new_tokens} new tokens, greedy; {out}")
