@@ -35,7 +35,9 @@ def test_the_targets_follow_the_cases_that_run(script):
     assert [case.name for case in made] == [
         "fast b1", "hf b1", "hf-static b1", "eager b1", "fast b1 no early_loads", "fast b1 prefill as before",
         "fast b1 l2 ahead 8M", "fast b1 l2 ahead 24M", "fast b1 l2 ahead 8M attention", "fast b1 o k-whole",
-        "fast b1 o n4 k-whole", "fast b1 qkv+o k-whole", "fast b1 qkv+o+down k-whole", "fast b4", "fast b8",
+        "fast b1 o n4 k-whole", "fast b1 qkv+o k-whole", "fast b1 qkv+o+down k-whole", "fast b1 room gate/up n2",
+        "fast b1 room o n4+gate/up n2", "fast b1 room o n8", "fast b1 room o n8+gate/up n2",
+        "fast b1 room qkv n4+o n4+gate/up n2", "fast b4", "fast b8",
         "fast b1 previous defaults", "fast b4 previous defaults",
         "fast b4 gate/up k128 s3 2/SM", "fast b8 gate/up k128 s3 2/SM", "fast b4 o rowwise k-whole",
         "fast b4 qkv+o rowwise k-whole", "fast b8 o rowwise k-whole", "fast b8 qkv+o rowwise k-whole",
@@ -219,6 +221,8 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      *(f"fast b{b} l2 ahead {size}" for b in (1, 2, 4)
                                        for size in ("8M", "24M", "8M attention")),
                                      *(f"fast b1 {m} k-whole" for m in ("o", "o n4", "qkv+o", "qkv+o+down")),
+                                     *(f"fast b1 room {m}" for m in ("gate/up n2", "o n4+gate/up n2", "o n8",
+                                                                     "o n8+gate/up n2", "qkv n4+o n4+gate/up n2")),
                                      "fast b1 t256 w8", "fast b4 t256 w8", "fast b1 whole256", "fast b4 whole256",
                                      "fast prompt 24 whole256",
                                      "fast b4 gate/up k128 s3 2/SM", "fast b4 o rowwise k-whole",

@@ -103,8 +103,13 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
                       kernels.projections._gemv_kernel, gemv, flags, dict(num_warps=config.num_warps, num_stages=config.num_stages)))
     # all of K in one tile (`perf_tests/scripts/fast_targets.py`'s "k-whole" cases): each program's
     # whole share of the weight loaded before the wait
+    # (and [q; k; v] in 4 rows, o in 8, [gate; up] in 2: fewer registers held across the wait, for
+    # the programs of the kernel after to sit beside them; the "room" cases)
     for (n, k, gated), config in (((2560, 2048, False), kernels.LaunchConfig(2, 2048, 4, 1)),
+                                  ((2560, 2048, False), kernels.LaunchConfig(4, 2048, 4, 1)),
                                   ((2048, 2048, False), kernels.LaunchConfig(4, 2048, 4, 1)),
+                                  ((2048, 2048, False), kernels.LaunchConfig(8, 2048, 4, 1)),
+                                  ((5632, 2048, True), kernels.LaunchConfig(2, 2048, 4, 1)),
                                   ((2048, 5632, False), kernels.LaunchConfig(2, 8192, 8, 1))):
         flags = dict(N=n, K=k, NORM=n != 2048, GATED=gated, RESIDUAL=n == 2048, BLOCK_N=config.block_n,
                      BLOCK_K=config.block_k, EVEN_N=True, EVEN_K=k % config.block_k == 0, PDL=True, EARLY=True)

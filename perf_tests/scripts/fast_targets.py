@@ -129,7 +129,9 @@ def narrow_tma(batch: int, block_n: int, gated: bool = False) -> tuple:
 # its whole share of the weight before the wait: the measured launch (MEASURED_GEMV) loads the
 # first of two tiles there for [q; k; v] and o, the first of three for down
 WHOLE_K = {"qkv": ((2560, 2048, False), (2, 2048, 4, 1)), "o": ((2048, 2048, False), (2, 2048, 4, 1)),
-           "o n4": ((2048, 2048, False), (4, 2048, 4, 1)), "down": ((2048, 5632, False), (2, 8192, 8, 1))}
+           "o n4": ((2048, 2048, False), (4, 2048, 4, 1)), "down": ((2048, 5632, False), (2, 8192, 8, 1)),
+           "qkv n4": ((2560, 2048, False), (4, 2048, 4, 1)), "o n8": ((2048, 2048, False), (8, 2048, 4, 1)),
+           "gate/up n2": ((5632, 2048, True), (2, 2048, 4, 1))}
 
 
 def whole_k(*names: str) -> tuple:
@@ -159,6 +161,16 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     found += [Case(f"fast b1 {label} k-whole", "fast", model, launch=(whole_k(*names),))
               for label, names in (("o", ("o",)), ("o n4", ("o n4",)), ("qkv+o", ("qkv", "o")),
                                    ("qkv+o+down", ("qkv", "o", "down")))]
+    # room for [gate; up] beside the kernels before it (registers a thread on sm_90, `inferlab.fast.aot`;
+    # the share of the register file a kernel's programs hold while they wait): o's 1024 default
+    # programs (47) hold 73% while they wait on the attention, which leaves an SM room for one
+    # [gate; up] program (4 rows, 119), so little of its 46 MB is asked for before o ends. o in 4 or
+    # 8 rows a program (56, 96) holds 42% or 36%: room for two such programs, or four of 2 rows
+    # (72); [q; k; v] in 4 rows (72) holds 68% instead of 91%
+    found += [Case(f"fast b1 room {label}", "fast", model, launch=(whole_k(*names),))
+              for label, names in (("gate/up n2", ("gate/up n2",)), ("o n4+gate/up n2", ("o n4", "gate/up n2")),
+                                   ("o n8", ("o n8",)), ("o n8+gate/up n2", ("o n8", "gate/up n2")),
+                                   ("qkv n4+o n4+gate/up n2", ("qkv n4", "o n4", "gate/up n2")))]
     found += [Case(f"fast b{b}", "fast", model, batch_size=b) for b in batch_sizes if b != 1]
     # the defaults before a cache of up to 256 positions was read in one tile at up to 4 rows
     # (`head_whole_cache`, `head_whole_rows`) and o ran one row at a time at 4 rows (`MEASURED_ROWS`)
