@@ -165,8 +165,8 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # the share of the register file a kernel's programs hold while they wait): o's 1024 default
     # programs (47) hold 73% while they wait on the attention, which leaves an SM room for one
     # [gate; up] program (4 rows, 119), so little of its 46 MB is asked for before o ends. o in 4 or
-    # 8 rows a program (56, 96) holds 42% or 36%: room for two such programs, or four of 2 rows
-    # (72); [q; k; v] in 4 rows (72) holds 68% instead of 91%
+    # 8 rows a program (56, 96) holds 42% or 36%: room for two [gate; up] programs of 4 rows, or
+    # four of 2 rows (72); [q; k; v] in 4 rows (72) holds 68% instead of 91%
     found += [Case(f"fast b1 room {label}", "fast", model, launch=(whole_k(*names),))
               for label, names in (("gate/up n2", ("gate/up n2",)), ("o n4+gate/up n2", ("o n4", "gate/up n2")),
                                    ("o n8", ("o n8",)), ("o n8+gate/up n2", ("o n8", "gate/up n2")),
