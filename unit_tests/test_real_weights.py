@@ -93,6 +93,16 @@ def test_bad_arguments_are_refused_in_one_line_and_nothing_is_written(tmp_path, 
     assert len(done.stderr.strip().splitlines()) == 1 and not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
+def test_on_the_cpu_the_fast_engines_greedy_tokens_on_smollm2_equal_eager_and_generate(script, smollm2):
+    """The torch decode step (the fast engine's CPU path) on the real weights, up to each EOS."""
+    prompts = script.prompts_for(smollm2, 2, 0, smollm2.device)
+    rows, logits = script.fp32_rows(smollm2, prompts, 16)
+    assert all(r["fast_vs_eager"]["equal"] and r["generate_vs_eager"]["equal"] for r in rows), rows
+    assert rows[0]["fast_vs_eager"]["reference_tokens"] == 8  # "The capital of France is Paris." and its EOS
+    assert [tuple(l.shape) for l in logits] == [(16, smollm2.model.config.vocab_size)] * 2
+
+
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_fp32_on_cuda_the_fast_engines_greedy_tokens_on_smollm2_equal_eager_and_generate(script, cuda_device):
