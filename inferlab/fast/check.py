@@ -108,14 +108,14 @@ def teacher_forced_check(loaded, prompt: Prompt, new_tokens: int, fast_engine) -
     differ = fast_logits.argmax(-1) != eager_logits.argmax(-1)
     # Where the free-running sequences part (row 0), both have seen the same tokens: how far apart
     # does fp32 hold the two tokens they picked there? Below the bf16 error, a near-tie.
-    parted_gap = None
-    if first_divergence is not None:
-        at = reference[0, first_divergence]
-        parted_gap = (at[eager_tokens[0, first_divergence]] - at[fast_tokens[0, first_divergence]]).abs().item()
+    eager_row, fast_row = eager_tokens[0].tolist(), fast_tokens[0].tolist()
+    parted = margin(reference[0], eager_row, fast_row, frozenset())
     return {
+        "eager_tokens": eager_row,  # row 0's free-running tokens, as each engine chose them
+        "fast_tokens": fast_row,
         "greedy_token_agreement_fast_vs_eager": sum(same) / len(same),
         "first_divergence_step": first_divergence,
-        "fp32_gap_where_free_running_parts": parted_gap,
+        "fp32_gap_where_free_running_parts": None if parted is None else abs(parted["fp32_margin"]),
         "max_abs_logit_diff_fast_vs_eager": (fast_logits - eager_logits).abs().max().item(),
         "max_abs_logit_err_eager_vs_fp32": (eager_logits - reference).abs().max().item(),
         "max_abs_logit_err_fast_vs_fp32": (fast_logits - reference).abs().max().item(),

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from inferlab.decode.loop import DecodeConfig, eos_token_ids, generate, generate_steps
+from inferlab.decode.loop import DecodeConfig, eos_token_ids, generate_steps
 from inferlab.decode.prompts import Prompt, from_texts, random_prompt
 from inferlab.errors import UsageError
 from inferlab.fast.check import agreement, margin, teacher_forced_check
@@ -98,11 +98,8 @@ def bf16_rows(loaded, prompts, new_tokens: int, fp32: list[dict], fp32_logits: l
     eos = frozenset(eos_token_ids(loaded.model.generation_config))
     rows = []
     for (label, prompt), reference, logits in zip(prompts, fp32, fp32_logits):
-        check = teacher_forced_check(loaded, prompt, new_tokens, engine)
-        config = DecodeConfig(new_tokens, ignore_eos=True)
-        with torch.inference_mode():
-            fast = engine.run(prompt, config, None, clock_for(loaded.device, new_tokens))[0].tolist()
-            eager = generate(loaded.model, prompt, config).tokens[0].tolist()
+        check = teacher_forced_check(loaded, prompt, new_tokens, engine)  # runs both engines free too
+        fast, eager = check.pop("fast_tokens"), check.pop("eager_tokens")
         wanted = reference["tokens"]["eager"]
         rows.append({"prompt": label, "tokens": {"fast": fast, "eager": eager},
                      "fast_vs_fp32": agreement(fast, wanted, eos), "eager_vs_fp32": agreement(eager, wanted, eos),
@@ -180,15 +177,11 @@ def main() -> int:
         del fp32_model
         bf16_model = load_model(args.model, device, torch.bfloat16)
         bf16 = bf16_rows(bf16_model, prompts, args.new_tokens, fp32, fp32_logits)
-    except UsageError as error:
-        print(f"real_weights: {error}", file=sys.stderr)
-        return 2
-    failed = failures(fp32, bf16)
-    try:
         out = new_run_folder(args.out, "real")
     except UsageError as error:
         print(f"real_weights: {error}", file=sys.stderr)
         return 2
+    failed = failures(fp32, bf16)
     write_json_atomic(out / "real.json", {"args": vars(args) | {"out": str(args.out)}, "error_factor": ERROR_FACTOR,
                                           "fp32": fp32, "bf16": bf16, "failed": failed})
     print(f"{args.model} on {device.type}: {len(prompts)} prompts, {args.new_tokens} new tokens, greedy; {out}")
