@@ -49,6 +49,7 @@ def test_where_the_free_running_tokens_part_the_check_gives_the_fp32_gap_between
     engine = PartingEngine()
     check = teacher_forced_check(tiny, prompt, 6, engine)
     assert check["first_divergence_step"] == 2 and check["greedy_token_agreement_fast_vs_eager"] == 5 / 6
+    assert check["fast_tokens"] == engine.tokens[0].tolist() and check["eager_tokens"][:2] == check["fast_tokens"][:2]
     eager = real.run(prompt, DecodeConfig(6, ignore_eos=True), None, HostClock())
     with torch.inference_mode():
         logits = tiny.model(input_ids=torch.cat([prompt.input_ids, eager[:, :2]], dim=1)).logits[0, -1]
