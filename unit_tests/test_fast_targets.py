@@ -46,6 +46,7 @@ def test_the_targets_follow_the_cases_that_run(script):
         "fast b4 qkv tma 200 programs", "fast b4 down tma 80 programs", "fast b4 down tma 200 programs",
         *(f"fast b{b} gate/up l2 {tiles}" for b in (4, 8) for tiles in (0, 1, 2, 4, 8)),
         "fast b8 o l2 2", *(f"fast b{b} qkv l2 2" for b in (4, 8)),
+        *(f"fast b{b} {label} s{stages}" for b in (4, 8) for label in ("down", "qkv", "qkv+down") for stages in (4, 5)),
         *(f"fast b{b} {label} l2 0" for b in (4, 8) for label in ("qkv+o", "down", "qkv+o+down")),
         "fast b4 head l2 1", "fast b8 head l2 1",
         "fast b4 down l2 8", "fast b4 gate/up+down s2 down l2 8",
@@ -191,6 +192,12 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
     assert four.rows_launch(2048, 2048, False, 4).kernel == "rowwise"  # o at 4 rows as it runs
     head = script.launch_policy(made["fast b4 head l2 1"].launch).rows_launch(32000, 2048, False, 4)
     assert (head.config, head.l2_tiles) == (kernels.TMA_HEAD, 1)  # the default's tile, with its request
+    deep = script.launch_policy(made["fast b4 qkv+down s5"].launch)
+    for n, k in ((2560, 2048), (2048, 5632)):  # the deeper pipeline, each keeping its first tile asked of L2
+        launch = deep.rows_launch(n, k, False, 4)
+        assert (launch.kernel, launch.config, launch.l2_tiles) == ("tma", kernels.LaunchConfig(64, 256, 4, 5), 1)
+    assert deep.rows_launch(5632, 2048, True, 4) == default.rows_launch(5632, 2048, True, 4)  # [gate; up] as it runs
+    assert script.launch_policy(made["fast b4 down s4"].launch).rows_launch(2560, 2048, False, 4).config is None
     split = script.launch_policy(made["fast b4 down tma 200 programs"].launch)
     assert split.rows_launch(2048, 5632, False, 4).target_programs == 200
     assert split.rows_launch(2560, 2048, False, 4).target_programs == 0
@@ -232,6 +239,7 @@ def test_every_case_runs_on_the_cpu_and_the_json_keeps_the_raw_runs(tmp_path):
                                      *(f"fast b4 {m} tma {p} programs" for m in ("qkv", "down") for p in (80, 200)),
                                      *(f"fast b4 gate/up l2 {tiles}" for tiles in (0, 1, 2, 4, 8)), "fast b4 down l2 8",
                                      "fast b4 qkv l2 2", "fast b4 qkv+o l2 0", "fast b4 down l2 0",
+                                     *(f"fast b4 {m} s{stages}" for m in ("down", "qkv", "qkv+down") for stages in (4, 5)),
                                      "fast b4 qkv+o+down l2 0", "fast b4 head l2 1",
                                      "fast b4 gate/up+down s2 down l2 8",
                                      *(f"fast b1 attention-o{v}" for v in ("", " w16", " t128", " n512 t64 w16", " r128")),

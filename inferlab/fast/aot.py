@@ -194,6 +194,11 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
         for early in (False, True) if config.block_n != 32 else (False,):  # and the first tile copied before the wait
             cases.append(_tma_case(kernels, tma_types, n, k, gated, config, 8,
                                    label=f"tma {config.block_n}x{config.block_k} s{config.num_stages}", early=early))
+    # [q; k; v] and down in deeper pipelines (`fast_targets.py`'s "s4" and "s5" cases): 4 or 5 stages
+    # of 64 x 256, each within an SM's shared memory
+    for (n, k), stages in itertools.product(((2560, 2048), (2048, 5632)), (4, 5)):
+        cases.append(_tma_case(kernels, tma_types, n, k, False, kernels.LaunchConfig(64, 256, 4, stages), 1,
+                               label=f"tma 64x256 s{stages}"))
     for rows in (2, 4, 8):  # the CUDA-core batch kernel (LaunchPolicy(batched="cuda")) at its row counts
         # (n, k, norm, gated, residual, early, wide): as it runs; down with its residual loaded early
         # (LaunchPolicy(early_loads=True)); [q; k; v] with its RMS pass in wide tiles (LaunchPolicy(wide_rms=True))

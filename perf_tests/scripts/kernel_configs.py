@@ -175,9 +175,10 @@ STREAM_TILES = {"n64 k128": ops.STREAM_GEMV, "n64 k128 s3": ops.LaunchConfig(64,
                 "n32 k256": ops.LaunchConfig(32, 256, 4, 4)}
 
 
-# the TMA kernel's tiles: weight rows x columns, warps, stages (`TMA_GEMV` first)
-TMA_TILES = {"n64 k128": ops.TMA_GEMV, "n64 k128 s6": ops.LaunchConfig(64, 128, 4, 6),
-             "n64 k256 s3": ops.LaunchConfig(64, 256, 4, 3), "n128 k128 s3": ops.LaunchConfig(128, 128, 4, 3),
+# the TMA kernel's tiles: weight rows x columns, warps, stages (`TMA_GEMV` is "n64 k256 s3"; "n64 k128" its first build)
+TMA_TILES = {"n64 k128": ops.LaunchConfig(64, 128, 4, 4), "n64 k128 s6": ops.LaunchConfig(64, 128, 4, 6),
+             "n64 k256 s3": ops.TMA_GEMV, "n64 k256 s4": ops.LaunchConfig(64, 256, 4, 4),
+             "n64 k256 s5": ops.LaunchConfig(64, 256, 4, 5), "n128 k128 s3": ops.LaunchConfig(128, 128, 4, 3),
              "n128 k64 s6": ops.LaunchConfig(128, 64, 4, 6), "n32 k256 s4": ops.LaunchConfig(32, 256, 4, 4),
              "n16 k256 s4": ops.LaunchConfig(16, 256, 4, 4)}
 
