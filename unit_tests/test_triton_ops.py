@@ -398,6 +398,41 @@ def test_the_tma_kernels_early_first_tile_sums_in_the_same_order(kernels, varian
     assert torch.equal(late, early) and late.abs().max() > 0 and early_flags == [False, True]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("variant", ["norm", "gated"])
+@pytest.mark.parametrize("M", [5, 17])
+def test_the_tma_kernels_rms_pass_at_once_is_the_specified_function(kernels, dtype, variant, M, monkeypatch):
+    """`rms_at_once`: the RMS pass sums its tiles' squares element by element and reduces once. K =
+    1100 makes 3 tiles of 512 columns at 16 rows (the last masked) and 2 of 1024 at 8 (5 rows):
+    the specification's function, and in fp32 the loop's result to the tolerance of the same sums
+    in another order (`assert_same_function`: the scale differs in its last bits)."""
+    from inferlab.fast.kernels import tma
+
+    kernel, flags_seen = tma._gemv_tma_kernel, []
+
+    class Noting:  # the kernel, noting the RMS_AT_ONCE flag of each launch
+        def __getitem__(self, grid):
+            def launch(*args, **flags):
+                flags_seen.append(flags["RMS_AT_ONCE"])
+                return kernel[grid](*args, **flags)
+            return launch
+
+    monkeypatch.setattr(tma, "_gemv_tma_kernel", Noting())
+    N, K = 40, 1100
+    x, norm = draw(M, K, dtype=dtype, seed=1), draw(K, dtype=dtype, seed=2)
+    weight = draw(2 * N if variant == "gated" else N, K, dtype=dtype, seed=4, scale=0.1)
+    kwargs = dict(norm=norm, eps=1e-5, gated=variant == "gated")
+    config = kernels.LaunchConfig(block_n=16, block_k=128, num_warps=4, num_stages=2)
+    rows = {(N, K, variant == "gated", 16 if M > 8 else 8): kernels.RowsLaunch("tma", config, target_programs=6)}
+    loop, at_once = (kernels.gemv(x, weight, policy=kernels.LaunchPolicy(rows_min_batch=2, rows=rows, rms_at_once=a),
+                                  **kwargs) for a in (False, True))
+    assert flags_seen == [False, True]
+    assert_same_function(at_once, decode_ops.gemv(x, weight, **kwargs))
+    assert at_once.abs().max() > 0
+    if dtype == torch.float32:
+        assert_same_function(at_once, loop)
+
+
 @pytest.mark.parametrize("tiles, k_tiles, target, split", [
     (88, 16, 264, 3),   # [gate; up] in tiles of 64 rows: 264 programs, not a power of two
     (32, 44, 264, 8),   # down

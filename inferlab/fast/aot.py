@@ -199,6 +199,11 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
     for (n, k), stages in itertools.product(((2560, 2048), (2048, 5632)), (4, 5)):
         cases.append(_tma_case(kernels, tma_types, n, k, False, kernels.LaunchConfig(64, 256, 4, stages), 1,
                                label=f"tma 64x256 s{stages}"))
+    # the norm kernels at 16 rows with the RMS pass's loads issued at once (LaunchPolicy(rms_at_once=True))
+    for (n, k, gated), config in (((2560, 2048, False), kernels.TMA_GEMV), ((5632, 2048, True), kernels.TMA_GEMV),
+                                  ((32000, 2048, False), kernels.TMA_HEAD)):
+        case, kernel, types, flags, options = _tma_case(kernels, tma_types, n, k, gated, config, 1, label="tma")
+        cases.append((f"{case} RMS at once", kernel, types, dict(flags, RMS_AT_ONCE=True), options))
     for rows in (2, 4, 8):  # the CUDA-core batch kernel (LaunchPolicy(batched="cuda")) at its row counts
         # (n, k, norm, gated, residual, early, wide): as it runs; down with its residual loaded early
         # (LaunchPolicy(early_loads=True)); [q; k; v] with its RMS pass in wide tiles (LaunchPolicy(wide_rms=True))

@@ -186,6 +186,11 @@ class LaunchPolicy:
     # batched "tma": each program's first weight tile copied into shared memory before the wait
     # (32 KB more a program in 64 x 256 tiles, 64 KB for [gate; up])
     tma_early: bool = False
+    # batched "tma": the RMS pass over the rows issues every tile's load before its first reduction
+    # (`_rms_scales_wide(AT_ONCE=True)`): one round trip where the loop takes one a tile of
+    # 8,192 values (2 at 8 rows, 4 at 16 for K = 2048; 1 at 4 rows, the same code there). Off
+    # until timed on a GPU (`fast_targets.py` cases `fast bN rms at once`)
+    rms_at_once: bool = False
     cuda_max_rows: int = 8
     # 8: at 16 rows down's kernel in its one-row shape (4 x 2048) spills (`inferlab.fast.aot`)
     rowwise_max_rows: int = 8

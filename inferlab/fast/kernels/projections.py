@@ -405,7 +405,7 @@ def gemv(
     if launch.kernel == "tma" and tma_fits(x, weight):
         gemv_tma(operands, flags, config or launch.config or policy.tma_gemv, launch.target_programs,
                  policy.rows_block_m, policy.tma_per_sm, pdl, max(launch.l2_tiles, policy.tma_prefetch), policy.tma_early,
-                 ahead=ahead, ahead_gated=ahead_gated, ahead_limit=policy.l2_ahead)
+                 ahead=ahead, ahead_gated=ahead_gated, ahead_limit=policy.l2_ahead, rms_at_once=policy.rms_at_once)
         return out
     if launch.kernel == "tma":  # no descriptor for this weight here: the tensor-core kernel
         launch = RowsLaunch("tensor", policy.rows_gemv, policy.rows_target_programs, policy.rows_prefetch)

@@ -58,7 +58,7 @@ def _gemv_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     SPLIT_K: tl.constexpr, PDL: tl.constexpr, FP32: tl.constexpr, RMS_M: tl.constexpr, RMS_K: tl.constexpr,
     PREFETCH: tl.constexpr = 0, LINE: tl.constexpr = 64, INTERPRETED: tl.constexpr = False,
-    EARLY: tl.constexpr = False,
+    EARLY: tl.constexpr = False, RMS_AT_ONCE: tl.constexpr = False,
     AHEAD_SLOTS: tl.constexpr = 0, AHEAD_PARTS: tl.constexpr = 1, AHEAD_BYTES: tl.constexpr = 0,
     AHEAD_STRIDE: tl.constexpr = 0, AHEAD_CHUNK: tl.constexpr = 16, AHEAD_THREADS: tl.constexpr = 1,
 ):
@@ -81,6 +81,8 @@ def _gemv_tma_kernel(
     EARLY copies the program's first weight tile (and its up tile) into shared memory before the
     wait, as the one-row kernel loads its first tile there, and multiplies it once the rows are
     in; the loop then runs over the others. The tiles are summed in the same order either way.
+
+    RMS_AT_ONCE issues the loads of the rows' RMS pass all at once (`_rms_scales_wide`).
 
     AHEAD_SLOTS > 0: once its tiles are in, program p (counted over the whole grid) asks L2 for
     its share of the next kernel's weight (`ahead._warm_l2`).
@@ -108,7 +110,7 @@ def _gemv_tma_kernel(
         w_first = w_desc.load([n0, k_first])
         if GATED:
             up_first = w_desc.load([n0 + N, k_first])
-    scale = _wait_then_scales(x_ptr, tile_m * BLOCK_M, M, eps, K, BLOCK_M, RMS_M, RMS_K, NORM, PDL)
+    scale = _wait_then_scales(x_ptr, tile_m * BLOCK_M, M, eps, K, BLOCK_M, RMS_M, RMS_K, NORM, PDL, RMS_AT_ONCE)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     FIRST: tl.constexpr = 1 if EARLY else 0
@@ -166,12 +168,13 @@ def _tma_scratch(device: torch.device, tiles: int, split_k: int, block_m: int, b
 
 def gemv_tma(operands: tuple, flags: dict, config: LaunchConfig, target_programs: int, block_m: int, per_sm: int,
              pdl: bool, prefetch: int = 0, early: bool = False, ahead: torch.Tensor | None = None,
-             ahead_gated: bool = False, ahead_limit: int = 0) -> None:
+             ahead_gated: bool = False, ahead_limit: int = 0, rms_at_once: bool = False) -> None:
     """Launch `_gemv_tma_kernel` on `gemv`'s operands (x, weight, norm, residual, out, M, eps) and
     flags, K split until about `target_programs` programs (0: `per_sm` per SM), the first
     `prefetch` weight tiles of each program asked of L2 before the wait (at most its range's),
     with `early` its first tile copied into shared memory before the wait, and the first
-    `ahead_limit` bytes of `ahead` (the next kernel's weight) asked of L2 after the loop."""
+    `ahead_limit` bytes of `ahead` (the next kernel's weight) asked of L2 after the loop; with
+    `rms_at_once` the RMS pass's loads issued at once."""
     x, weight, M = operands[0], operands[1], operands[5]
     N, K = flags["N"], flags["K"]
     n_tiles, m_tiles = triton.cdiv(N, config.block_n), triton.cdiv(M, block_m)
@@ -190,5 +193,6 @@ def gemv_tma(operands: tuple, flags: dict, config: LaunchConfig, target_programs
         BLOCK_M=block_m,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, SPLIT_K=split_k, FP32=weight.dtype == torch.float32,
         RMS_M=rms_m, RMS_K=rms_columns(rms_m, K), PREFETCH=prefetch, LINE=line, INTERPRETED=interpreted(), EARLY=early,
+        RMS_AT_ONCE=rms_at_once,
         num_warps=config.num_warps, num_stages=config.num_stages, **_launch_options(pdl),
     )
