@@ -373,23 +373,30 @@ def test_the_tma_kernel_computes_the_specified_function_launch_after_launch(kern
     assert (counts or not split) and all(int(c.abs().sum()) == 0 for c in counts)
 
 
+def noting_tma_flag(monkeypatch, name: str) -> list:
+    """`_gemv_tma_kernel` replaced by itself noting the constexpr `name` of each launch: the list
+    the values go to, in launch order."""
+    from inferlab.fast.kernels import tma
+
+    kernel, seen = tma._gemv_tma_kernel, []
+
+    class Noting:
+        def __getitem__(self, grid):
+            def launch(*args, **flags):
+                seen.append(flags[name])
+                return kernel[grid](*args, **flags)
+            return launch
+
+    monkeypatch.setattr(tma, "_gemv_tma_kernel", Noting())
+    return seen
+
+
 @pytest.mark.parametrize("variant", ["gated", "residual"])
 @pytest.mark.parametrize("target", [1, 6])
 def test_the_tma_kernels_early_first_tile_sums_in_the_same_order(kernels, variant, target, monkeypatch):
     """`tma_early` moves the first tile's copy before the wait, not its place in the sum: the same
     bits as without, K whole and split."""
-    from inferlab.fast.kernels import tma
-
-    kernel, early_flags = tma._gemv_tma_kernel, []
-
-    class Noting:  # the kernel, noting the EARLY flag of each launch
-        def __getitem__(self, grid):
-            def launch(*args, **flags):
-                early_flags.append(flags["EARLY"])
-                return kernel[grid](*args, **flags)
-            return launch
-
-    monkeypatch.setattr(tma, "_gemv_tma_kernel", Noting())
+    early_flags = noting_tma_flag(monkeypatch, "EARLY")
     x, weight, kwargs = gemv_case(5, "masked", variant, torch.float32)
     config = kernels.LaunchConfig(block_n=16, block_k=32, num_warps=4, num_stages=2)
     rows = {(*SHAPES["masked"], variant == "gated", 8): kernels.RowsLaunch("tma", config, target_programs=target)}
@@ -407,18 +414,7 @@ def test_the_tma_kernels_rms_pass_at_once_is_the_specified_function(kernels, dty
     one of 2048 at 4, where the two passes give the same bits:
     the specification's function, and in fp32 the loop's result to the tolerance of the same sums
     in another order (`assert_same_function`: the scale differs in its last bits)."""
-    from inferlab.fast.kernels import tma
-
-    kernel, flags_seen = tma._gemv_tma_kernel, []
-
-    class Noting:  # the kernel, noting the RMS_AT_ONCE flag of each launch
-        def __getitem__(self, grid):
-            def launch(*args, **flags):
-                flags_seen.append(flags["RMS_AT_ONCE"])
-                return kernel[grid](*args, **flags)
-            return launch
-
-    monkeypatch.setattr(tma, "_gemv_tma_kernel", Noting())
+    flags_seen = noting_tma_flag(monkeypatch, "RMS_AT_ONCE")
     N, K = 40, 1100
     x, norm = draw(M, K, dtype=dtype, seed=1), draw(K, dtype=dtype, seed=2)
     weight = draw(2 * N if variant == "gated" else N, K, dtype=dtype, seed=4, scale=0.1)
