@@ -221,15 +221,15 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
                    launch=(("rows_added", (((*matrix, b), ("tma", None, 0, False, tiles)),)),))
               for label, matrix, sizes in (("o", (2048, 2048, False), (8, 16)), ("qkv", (2560, 2048, False), (4, 8, 16)))
               for b in batch_sizes if b in sizes for tiles in (2,)]
+    one_tile = {"qkv": (2560, 2048, False), "o": (2048, 2048, False), "down": (2048, 5632, False)}  # (N, K, gated)
     # down and [q; k; v] in deeper pipelines: 4 or 5 stages of 64 x 256 (164 or 205 KB of shared
     # memory at 16 rows, against 123 KB), so that 3 or 4 weight tiles are in flight where the default
     # keeps 2: a program of down holds 6 tiles, of [q; k; v] 3, and alone each matrix read faster the
     # more of its tiles were on the way (docs/perf/h200/tma.md: down 9.26 / 9.12 / 8.92 us with 48 /
     # 64 / 80 KB in flight); each keeps its first tile asked of L2 before the wait (`L2_ONE_TILE`)
     found += [Case(f"fast b{b} {label} s{stages}", "fast", model, batch_size=b,
-                   launch=(("rows_added", tuple(((*deep[name], b), ("tma", (64, 256, 4, stages), 0, False, 1))
+                   launch=(("rows_added", tuple(((*one_tile[name], b), ("tma", (64, 256, 4, stages), 0, False, 1))
                                                 for name in label.split("+"))),))
-              for deep in ({"qkv": (2560, 2048, False), "down": (2048, 5632, False)},)
               for b in batch_sizes if b in (4, 8, 16) for label in ("down", "qkv", "qkv+down") for stages in (4, 5)]
     # the norm kernels' RMS pass with its loads issued at once (`LaunchPolicy(rms_at_once=True)`):
     # one round trip where the loop takes one a tile (2 at 8 rows, 4 at 16; at 4 rows the same code)
@@ -238,7 +238,6 @@ def cases(model: str, small_model: str | None, batch_sizes: list[int], long_prom
     # [q; k; v] and o (o at 8 and 16 rows; at 4 it runs one row at a time), down, and all three
     # without asking L2 for their first tile, as before (`L2_ONE_TILE` in `MEASURED_ROWS` asks for
     # it); the LM head (after down's TMA programs) asking for its first
-    one_tile = {"qkv": (2560, 2048, False), "o": (2048, 2048, False), "down": (2048, 5632, False)}
     found += [Case(f"fast b{b} {label} l2 0", "fast", model, batch_size=b,
                    launch=(("rows_added", tuple(((*one_tile[name], b), ("tma", None, 0, False, 0))
                                                 for name in label.split("+") if b != 4 or name != "o")),))

@@ -91,8 +91,8 @@ def _rms_scales_wide(x_ptr, row0, M, eps, K: tl.constexpr, BLOCK_M: tl.constexpr
         squares = tl.zeros([RMS_M, RMS_K], dtype=tl.float32)
         for k0 in tl.static_range(0, K, RMS_K):
             offs = k0 + tl.arange(0, RMS_K)
-            v = tl.load(rows + offs[None, :], mask=(offs_r[:, None] < M) & (offs[None, :] < K), other=0.0)
-            squares += v.to(tl.float32) * v.to(tl.float32)
+            v = tl.load(rows + offs[None, :], mask=(offs_r[:, None] < M) & (offs[None, :] < K), other=0.0).to(tl.float32)
+            squares += v * v
         total = tl.sum(squares, axis=1)
     else:
         total = tl.zeros([RMS_M], dtype=tl.float32)
