@@ -410,12 +410,13 @@ def test_the_tma_kernels_early_first_tile_sums_in_the_same_order(kernels, varian
 @pytest.mark.parametrize("M", [4, 5, 17])
 def test_the_tma_kernels_rms_pass_at_once_is_the_specified_function(kernels, dtype, variant, M, monkeypatch):
     """`rms_at_once`: the RMS pass sums its tiles' squares element by element and reduces once. K =
-    1100 makes 3 tiles of 512 columns at 16 rows (the last masked), 2 of 1024 at 8 (5 rows) and
-    one of 2048 at 4, where the two passes give the same bits:
+    1104 makes 3 tiles of 512 columns at 16 rows (the last masked), 2 of 1024 at 8 (5 rows) and
+    one of 2048 at 4, where the two passes give the same bits; its rows are 16-byte aligned in
+    both dtypes, as a TMA descriptor needs (else the tensor-core kernel runs instead):
     the specification's function, and in fp32 the loop's result to the tolerance of the same sums
     in another order (`assert_same_function`: the scale differs in its last bits)."""
     flags_seen = noting_tma_flag(monkeypatch, "RMS_AT_ONCE")
-    N, K = 40, 1100
+    N, K = 40, 1104
     x, norm = draw(M, K, dtype=dtype, seed=1), draw(K, dtype=dtype, seed=2)
     weight = draw(2 * N if variant == "gated" else N, K, dtype=dtype, seed=4, scale=0.1)
     kwargs = dict(norm=norm, eps=1e-5, gated=variant == "gated")
