@@ -47,7 +47,7 @@ def test_the_targets_follow_the_cases_that_run(script):
         *(f"fast b{b} gate/up l2 {tiles}" for b in (4, 8) for tiles in (0, 1, 2, 4, 8)),
         "fast b8 o l2 2", *(f"fast b{b} qkv l2 2" for b in (4, 8)),
         *(f"fast b{b} {label} s{stages}" for b in (4, 8) for label in ("down", "qkv", "qkv+down") for stages in (4, 5)),
-        "fast b8 rms at once",
+        "fast b8 rms in tiles",
         *(f"fast b{b} {label} l2 0" for b in (4, 8) for label in ("qkv+o", "down", "qkv+o+down")),
         "fast b4 head l2 1", "fast b8 head l2 1",
         "fast b4 down l2 8", "fast b4 gate/up+down s2 down l2 8",
@@ -199,8 +199,8 @@ def test_a_case_names_its_policy_in_hashable_pairs_mappings_included(script):
         assert (launch.kernel, launch.config, launch.l2_tiles) == ("tma", kernels.LaunchConfig(64, 256, 4, 5), 1)
     assert deep.rows_launch(5632, 2048, True, 4) == default.rows_launch(5632, 2048, True, 4)  # [gate; up] as it runs
     assert script.launch_policy(made["fast b4 down s4"].launch).rows_launch(2560, 2048, False, 4).config is None
-    eight = [case for case in script.cases("m", "small", [8], 1920) if case.name == "fast b8 rms at once"]
-    assert script.launch_policy(eight[0].launch).rms_at_once and not default.rms_at_once
+    eight = [case for case in script.cases("m", "small", [8], 1920) if case.name == "fast b8 rms in tiles"]
+    assert default.rms_at_once and not script.launch_policy(eight[0].launch).rms_at_once
     split = script.launch_policy(made["fast b4 down tma 200 programs"].launch)
     assert split.rows_launch(2048, 5632, False, 4).target_programs == 200
     assert split.rows_launch(2560, 2048, False, 4).target_programs == 0

@@ -405,7 +405,7 @@ def test_the_tma_kernels_early_first_tile_sums_in_the_same_order(kernels, varian
     assert torch.equal(late, early) and late.abs().max() > 0 and early_flags == [False, True]
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", [*DTYPES, torch.float16])  # fp16: a 2-byte input under the interpreter too
 @pytest.mark.parametrize("variant", ["norm", "gated"])
 @pytest.mark.parametrize("M", [4, 5, 17])
 def test_the_tma_kernels_rms_pass_at_once_is_the_specified_function(kernels, dtype, variant, M, monkeypatch):

@@ -199,7 +199,7 @@ def _cases(kernels) -> list[tuple[str, object, dict, dict, dict]]:
     for (n, k), stages in itertools.product(((2560, 2048), (2048, 5632)), (4, 5)):
         cases.append(_tma_case(kernels, tma_types, n, k, False, kernels.LaunchConfig(64, 256, 4, stages), 1,
                                label=f"tma 64x256 s{stages}"))
-    # the norm kernels at 16 rows with the RMS pass's loads issued at once (LaunchPolicy(rms_at_once=True))
+    # the norm kernels at 16 rows with the RMS pass's loads issued at once, as they run (LaunchPolicy.rms_at_once)
     for (n, k, gated), config in (((2560, 2048, False), kernels.TMA_GEMV), ((5632, 2048, True), kernels.TMA_GEMV),
                                   ((32000, 2048, False), kernels.TMA_HEAD)):
         case, kernel, types, flags, options = _tma_case(kernels, tma_types, n, k, gated, config, 1, label="tma")

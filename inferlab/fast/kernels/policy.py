@@ -188,9 +188,11 @@ class LaunchPolicy:
     tma_early: bool = False
     # batched "tma": the RMS pass over the rows issues every tile's load before its first reduction
     # (`_rms_scales_wide(AT_ONCE=True)`): one round trip where the loop takes one a tile of
-    # 8,192 values (2 at 8 rows, 4 at 16 for K = 2048; 1 at 4 rows, the same code there). Off
-    # until timed on a GPU (`fast_targets.py` cases `fast bN rms at once`)
-    rms_at_once: bool = False
+    # 8,192 values (2 at 8 rows, 4 at 16 for K = 2048; 1 at 4 rows, the same code there). On an
+    # H100 TPOT −2.3% at batch 8, −5.7% at batch 16 (docs/perf/h100/rms-at-once.md); False: the
+    # loop, one tile's loads after the reduction of the tile before (`fast_targets.py` cases
+    # `fast bN rms in tiles`)
+    rms_at_once: bool = True
     cuda_max_rows: int = 8
     # 8: at 16 rows down's kernel in its one-row shape (4 x 2048) spills (`inferlab.fast.aot`)
     rowwise_max_rows: int = 8
