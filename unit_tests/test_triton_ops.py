@@ -412,7 +412,7 @@ def test_the_tma_kernels_rms_pass_at_once_is_the_specified_function(kernels, dty
     """`rms_at_once`: the RMS pass sums its tiles' squares element by element and reduces once. K =
     1104 makes 3 tiles of 512 columns at 16 rows (the last masked), 2 of 1024 at 8 (5 rows) and
     one of 2048 at 4, where the two passes give the same bits; its rows are 16-byte aligned in
-    both dtypes, as a TMA descriptor needs (else the tensor-core kernel runs instead):
+    every dtype, as a TMA descriptor needs (else the tensor-core kernel runs instead):
     the specification's function, and in fp32 the loop's result to the tolerance of the same sums
     in another order (`assert_same_function`: the scale differs in its last bits)."""
     flags_seen = noting_tma_flag(monkeypatch, "RMS_AT_ONCE")
