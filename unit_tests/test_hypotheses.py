@@ -17,8 +17,10 @@ from inferlab.suite.hypotheses import (
     check_linear_latency,
     check_tokens_plateau,
     check_ttft_independent,
+    PAIRED_MIN_ROUNDS,
     decide,
     fit_line,
+    rounds_paired,
     run_values,
     runs_to_decide,
 )
@@ -254,3 +256,74 @@ def test_a_higher_confidence_widens_every_interval_and_is_named_in_its_line():
     assert "(95% CI" in usual[0].explanation and "(99% CI" in strict[0].explanation
     # the tokens/s steps share it: each step at 99%, a fall at 1 - 0.01 / 3
     assert strict[2].numbers["confidence"] in (0.99, pytest.approx(1 - 0.01 / 3))
+
+
+def phased_runs(ttft_ms, tpot_ms, slow_rounds, noise: float = 0.01, seed: int = 0, lengths=LENGTHS):
+    """Run j of every length in round j; a round in `slow_rounds` is 30% slower for every length of
+    it (the host's slow phase), each run besides scaled by its own N(1, noise)."""
+    rng = np.random.default_rng(seed)
+    rounds = len(slow_rounds)
+    out = []
+    for n in lengths:
+        factors = np.asarray(slow_rounds, dtype=float) * rng.normal(1.0, noise, size=rounds)
+        ttft = ttft_ms(n) if callable(ttft_ms) else ttft_ms
+        out.append(tuple(runs(ttft * f, tpot_ms * f, n, 1)[0] for f in factors))
+    return out
+
+
+# The slow and fast phases of a 2-core host: rounds 1 and 2 of 7 slower for every length
+PHASES = (1.0, 1.3, 1.3, 1.0, 1.0, 1.0, 1.0)
+ROUNDS = [tuple(range(len(PHASES)))] * len(LENGTHS)
+
+
+def test_a_host_slow_in_phases_is_undecided_over_runs_and_decided_paired_by_round():
+    data = phased_runs(20.0, 5.0, PHASES)
+    over_runs, by_round = check_all(LENGTHS, data), check_all(LENGTHS, data, rounds=ROUNDS)
+    assert INCONCLUSIVE in [v.verdict for v in over_runs]
+    assert [v.verdict for v in by_round] == [HOLDS] * 3, [v.explanation for v in by_round]
+    assert all(v.numbers["paired_by_round"] and v.explanation.endswith("runs paired by round") for v in by_round)
+    assert not any(v.numbers["paired_by_round"] or "paired" in v.explanation for v in over_runs)
+    # the interval is the spread of the median over rounds: narrower than over runs
+    assert by_round[1].numbers["ci_high"] - by_round[1].numbers["ci_low"] < (
+        over_runs[1].numbers["ci_high"] - over_runs[1].numbers["ci_low"]) / 3
+
+
+def test_paired_by_round_still_catches_ttft_and_tpot_that_depend_on_n():
+    def ttft(n):
+        return 20.0 * (1 + 0.3 * (n - 10) / 490)  # +30% across the sweep, tolerance 10%
+
+    verdict = check_ttft_independent(LENGTHS, phased_runs(ttft, 5.0, PHASES), rounds=ROUNDS)
+    assert verdict.verdict == DOES_NOT_HOLD and verdict.numbers["change_ms"] == pytest.approx(6.0, rel=0.1)
+    data = phased_runs(20.0, 5.0, PHASES)[:3] + phased_runs(20.0, 6.5, PHASES, seed=1, lengths=(500,))
+    linear, _, plateau = check_all(LENGTHS, data, rounds=ROUNDS)
+    assert linear.verdict == DOES_NOT_HOLD and plateau.verdict == DOES_NOT_HOLD
+    assert plateau.numbers["shown_step"] == [100, 500]
+
+
+def test_one_stalled_run_moves_neither_its_rounds_slowness_nor_its_lengths_median():
+    data = [list(r) for r in phased_runs(20.0, 5.0, PHASES)]
+    data[0][3] = runs(20.0 * 3, 5.0 * 3, LENGTHS[0], 1)[0]  # round 3's run at N = 10 three times slower
+    verdicts = check_all(LENGTHS, data, rounds=ROUNDS)
+    assert [v.verdict for v in verdicts] == [HOLDS] * 3, [v.explanation for v in verdicts]
+
+
+@pytest.mark.parametrize("rounds, counts, paired", [
+    ([(0, 1, 2, 3, 4)] * 4, [5] * 4, True),
+    ([(0, 2, 3, 5, 6)] * 4, [5] * 4, True),  # top-up rounds skip numbers: the same rounds is what counts
+    ([(0, 1, 2, 3)] * 4, [4] * 4, False),  # fewer than PAIRED_MIN_ROUNDS
+    ([(0, 1, 2, 3, 4)] * 3 + [(0, 1, 2, 3, 5)], [5] * 4, False),  # one length ran in another round
+    ([(0, 1, 2, 3, 4)] * 3 + [(1, 0, 2, 3, 4)], [5] * 4, False),  # in another order
+    ([(0, 1, 2, 3, 4)] * 4, [5, 5, 5, 4], False),  # a round list that is not its runs'
+    (None, [5] * 4, False),
+])
+def test_runs_are_paired_only_where_every_length_ran_in_the_same_rounds(rounds, counts, paired):
+    assert PAIRED_MIN_ROUNDS == 5 and rounds_paired(rounds, counts) is paired
+
+
+def test_rounds_that_do_not_pair_leave_the_verdicts_as_over_runs():
+    data = phased_runs(20.0, 5.0, PHASES)
+    unpaired = [ROUNDS[0]] * 3 + [tuple(reversed(ROUNDS[0]))]
+    assert check_all(LENGTHS, data, rounds=unpaired) == check_all(LENGTHS, data)
+    shuffled = (500, 10, 100, 50)  # lengths in any order: their rounds go with them
+    by_length = dict(zip(LENGTHS, data))
+    assert check_all(shuffled, [by_length[n] for n in shuffled], rounds=ROUNDS) == check_all(LENGTHS, data, rounds=ROUNDS)

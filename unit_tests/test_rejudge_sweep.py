@@ -51,3 +51,22 @@ def test_a_path_without_a_sweep_is_one_line_and_exit_2(tmp_path):
                           env={"PYTHONPATH": str(ROOT)}, cwd=ROOT)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().count("\n") == 0 and "no sweep.json" in done.stderr
+
+
+def phased(n: int, order: str) -> dict:
+    """A saved result of 7 rounds at N = n whose rounds 1 and 2 ran 30% slower (a slow phase of the host)."""
+    factors = (1.0, 1.3, 1.3, 1.0, 1.0, 1.0, 1.0)
+    wobble = (1.0, 1.004, 0.997, 1.002, 0.998, 1.003, 0.999)  # each run's own noise, the same at every length
+    runs = [{"token_ms": token_ms(20.0 * f * w ** (n % 7), 5.0 * f, n), "wall_ms": None} for f, w in zip(factors, wobble)]
+    schedule = [{"round": r, "position": (r + n) % 4, "start_s": float(r)} for r in range(len(runs))]
+    return {"status": "ok", "config": {"engine": "eager", "output_length": n, "batch_size": 1}, "prompt_length": 128,
+            "runs": runs, "roofline": {"bytes_per_step": 2.0e9}, "schedule": schedule}
+
+
+def test_a_saved_interleaved_sweep_is_judged_paired_by_round_and_a_sequential_one_is_not():
+    lengths = (10, 50, 100, 500)
+    for order, paired in (("interleaved", True), ("sequential", False)):
+        group, = saved_group_verdicts({"config": {"order": order}, "results": [phased(n, order) for n in lengths]})
+        assert [v.numbers["paired_by_round"] for v in group.verdicts] == [paired] * 3
+        if paired:
+            assert [v.verdict for v in group.verdicts] == [hypotheses.HOLDS] * 3, [v.explanation for v in group.verdicts]

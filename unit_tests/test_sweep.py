@@ -382,7 +382,7 @@ def judge_scripted(monkeypatch, decided) -> list:
     looks = []
 
     def judged(groups):
-        looks.append({key[1]: min((len(runs) for _, runs, _ in members), default=0) for key, members in groups.items()})
+        looks.append({key[1]: min((len(runs) for _, runs, *_ in members), default=0) for key, members in groups.items()})
         verdicts = []
         for (engine, prompt, batch), members in groups.items():
             answer = HOLDS if decided(prompt, looks[-1][prompt]) else INCONCLUSIVE
@@ -657,3 +657,14 @@ def test_the_stop_rule_without_a_clock_judges_one_more_run_at_a_time_until_decid
     assert used == 10 and [n for n, _ in looks] == list(range(3, 11)) and top_up.is_undecided(verdicts)
     not_enough = (hypotheses.Verdict(NAMES[0], NOT_ENOUGH_DATA, {}, "two lengths"),)
     assert not top_up.is_undecided(not_enough)  # more runs add no lengths
+
+
+@pytest.mark.parametrize("order, runs, paired", [("interleaved", 5, True), ("interleaved", 4, False),
+                                                 ("sequential", 5, False)])
+def test_an_interleaved_sweep_of_enough_rounds_judges_its_runs_paired_by_round(tiny, tmp_path, order, runs, paired):
+    report = run_small(tiny, tmp_path, runs=runs, order=order)
+    verdicts = report.verdicts[0].verdicts
+    assert [v.numbers["paired_by_round"] for v in verdicts] == [paired] * 3
+    assert [("runs paired by round" in v.explanation) for v in verdicts] == [paired] * 3
+    saved = json.loads((report.folder / "sweep.json").read_text())  # judged again from the saved schedule: the same
+    assert sweep.saved_group_verdicts(saved)[0].verdicts == verdicts

@@ -11,6 +11,17 @@ percentile of those values (each check takes another `confidence` if asked). Run
 and with the sweep's interleaved order the host's drift over the sweep too, widen the interval;
 nothing else is assumed about their shape.
 
+Paired by round, where the caller gives each run's round (`rounds`), run j of every length ran in
+the same round, and there are at least `PAIRED_MIN_ROUNDS` rounds: the interleaved sweep measures
+every length once a round, so a host that is slow for a while is slow for every length of that
+round, and the runs of one length are not independent of the others'. Then each round's slowness
+(per value, the median over lengths of its runs against their lengths' medians, in logs) is
+divided out of its runs before the per-length medians (`round_adjusted_medians`), and the
+bootstrap resamples whole rounds. A slow round then moves no length against another, and one
+stalled run moves neither its round's slowness nor its length's median. On the 2-core CPU host,
+whose runs come in slow and fast phases a round or more long, this decides what the bootstrap
+over runs leaves open (docs/perf/cpu/paired-rounds.md).
+
 Three answers, from the interval [lo, hi] of the statistic and the hypothesis's tolerance:
 
 - HOLDS: the interval lies inside the tolerance.
@@ -57,6 +68,7 @@ points always fits.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -78,6 +90,9 @@ TPOT_TOLERANCE = 0.10  # growth of TPOT across the sweep beyond the KV cache's p
 TTFT_TOLERANCE = 0.10  # of TTFT_ref, for the change across the sweep
 FALL_TOLERANCE = 0.05  # of tokens/s, for each step between consecutive lengths
 MAX_RUNS_ADVICE = 1000
+# Rounds before the runs are paired by round: from 3, simulated sweeps with stalled runs gave more
+# false DOES NOT HOLDs than over runs; from 5, none more (docs/perf/cpu/paired-rounds.md)
+PAIRED_MIN_ROUNDS = 5
 
 LINEAR_LATENCY = "total latency grows linearly with output length"
 TTFT_INDEPENDENT = "TTFT does not depend on output length"
@@ -141,6 +156,46 @@ def bootstrap_draws(values: Sequence[np.ndarray], statistic: Callable[[np.ndarra
     return np.asarray(statistic(medians(values)), dtype=float), np.asarray(statistic(np.stack(resampled, axis=1)))
 
 
+def rounds_paired(rounds: Sequence[Sequence[int]] | None, counts: Sequence[int]) -> bool:
+    """Whether to pair by round: run j of every length ran in the same round (`rounds`: each length's
+    runs' rounds, in the runs' order; `counts`: each length's runs), and there are at least
+    `PAIRED_MIN_ROUNDS` rounds."""
+    if rounds is None or len(rounds) != len(counts) or not counts:
+        return False
+    first = tuple(rounds[0])
+    return len(first) >= PAIRED_MIN_ROUNDS and all(tuple(r) == first and len(r) == count
+                                                   for r, count in zip(rounds, counts))
+
+
+def round_adjusted_medians(rounds: np.ndarray) -> np.ndarray:
+    """[..., n, k, 3] (n rounds of k lengths) -> [..., k, 3]: per length, the median over rounds of its
+    runs with each round's slowness divided out. A round's slowness, per value, is the median over
+    lengths of how much its run is above that length's median run (in logs: one sweep of Tukey's
+    median polish), so one stalled run moves neither its round's slowness nor its length's median."""
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a value no length has (TPOT where every N = 1)
+        logs = np.log(np.where(rounds > 0, rounds, np.nan))  # a zero says nothing of its round's slowness
+        above = logs - np.nanmedian(logs, axis=-3, keepdims=True)  # each run against its length's median
+        slowness = np.nan_to_num(np.nanmedian(above, axis=-2, keepdims=True))
+    return np.median(rounds / np.exp(slowness), axis=-3)
+
+
+def round_draws(values: Sequence[np.ndarray], statistic: Callable[[np.ndarray], np.ndarray], seed: int,
+                resamples: int = RESAMPLES) -> tuple[np.ndarray, np.ndarray]:
+    """`statistic` ([..., k, 3] -> [...]) of the round-adjusted medians (`round_adjusted_medians`; run j of
+    every length in round j, values [k] x [n, 3]), on all rounds and on `resamples` resamples of the rounds."""
+    rounds = np.stack(values, axis=1)  # [n, k, 3]
+    picks = np.random.default_rng(seed).integers(0, len(rounds), size=(resamples, len(rounds)))
+    return (np.asarray(statistic(round_adjusted_medians(rounds)), dtype=float),
+            np.asarray(statistic(round_adjusted_medians(rounds[picks]))))
+
+
+def statistic_draws(values: Sequence[np.ndarray], statistic: Callable[[np.ndarray], np.ndarray], seed: int,
+                    paired: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The estimate and bootstrap draws of `statistic`: by round where `paired`, else over runs."""
+    return (round_draws if paired else bootstrap_draws)(values, statistic, seed)
+
+
 def percentile_interval(estimate: float, draws: np.ndarray, confidence: float = CONFIDENCE) -> Interval:
     """The `confidence` percentile interval of bootstrap `draws` [resamples] around `estimate`."""
     tail = 100 * (1 - confidence) / 2
@@ -149,10 +204,11 @@ def percentile_interval(estimate: float, draws: np.ndarray, confidence: float = 
 
 
 def bootstrap(values: Sequence[np.ndarray], statistic: Callable[[np.ndarray], np.ndarray], seed: int,
-              resamples: int = RESAMPLES, confidence: float = CONFIDENCE) -> Interval:
-    """`statistic` of per-length medians ([..., k, 3] -> [...]) with its percentile bootstrap interval."""
-    estimate, draws = bootstrap_draws(values, statistic, seed, resamples)
-    return percentile_interval(float(estimate), draws, confidence)
+              resamples: int = RESAMPLES, confidence: float = CONFIDENCE, paired: bool = False) -> Interval:
+    """`statistic` of per-length medians ([..., k, 3] -> [...]) with its percentile bootstrap interval;
+    `paired`: of the round-adjusted medians, whole rounds resampled (`round_draws`)."""
+    estimate, drawn = (round_draws if paired else bootstrap_draws)(values, statistic, seed, resamples)
+    return percentile_interval(float(estimate), drawn, confidence)
 
 
 def decide(interval: Interval, low_bound: float, high_bound: float) -> str:
@@ -176,11 +232,18 @@ def runs_to_decide(interval: Interval, low_bound: float, high_bound: float, runs
     return max(runs_now + 1, math.ceil(runs_now * (half_width / distance) ** 2 - 1e-9))  # 20.000000004 is 20
 
 
-def _sorted(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]]) -> tuple[list[int], list]:
+def _sorted(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]],
+            rounds: Sequence[Sequence[int]] | None = None) -> tuple[list[int], list, list | None]:
     assert len(output_lengths) == len(runs), "one list of runs per output length"
     assert len(set(output_lengths)) == len(output_lengths), "each output length once"
-    pairs = sorted(zip(output_lengths, runs), key=lambda pair: pair[0])
-    return [n for n, _ in pairs], [r for _, r in pairs]
+    assert rounds is None or len(rounds) == len(runs), "one list of rounds per output length"
+    order = sorted(range(len(output_lengths)), key=lambda i: output_lengths[i])
+    return ([output_lengths[i] for i in order], [runs[i] for i in order],
+            None if rounds is None else [rounds[i] for i in order])
+
+
+def _paired_text(paired: bool) -> str:
+    return "; runs paired by round" if paired else ""
 
 
 def _not_enough(name: str, count: int) -> Verdict | None:
@@ -219,13 +282,13 @@ def _judge(name: str, interval: Interval, bounds: tuple[float, float], runs_per_
 
 def check_linear_latency(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]],
                          bytes_per_step: Sequence[float] | None = None, seed: int = 0,
-                         confidence: float = CONFIDENCE) -> Verdict:
+                         confidence: float = CONFIDENCE, rounds: Sequence[Sequence[int]] | None = None) -> Verdict:
     """Hypothesis 1: TPOT's growth across the sweep, beyond the KV cache's prediction, within +-10%."""
     if bytes_per_step is not None:
         assert len(bytes_per_step) == len(output_lengths), "one byte count per output length"
         order = sorted(range(len(output_lengths)), key=lambda i: output_lengths[i])
         bytes_per_step = [bytes_per_step[i] for i in order]
-    lengths, runs = _sorted(output_lengths, runs)
+    lengths, runs, rounds = _sorted(output_lengths, runs, rounds)
     short = _not_enough(LINEAR_LATENCY, len(lengths))
     if short:
         return short
@@ -242,22 +305,25 @@ def check_linear_latency(output_lengths: Sequence[int], runs: Sequence[Sequence[
         return slope * span / (intercept + slope * x[0])
 
     predicted = 0.0 if bytes_per_step is None else bytes_per_step[keep[-1]] / bytes_per_step[keep[0]] - 1
-    interval = bootstrap(values, lambda m: growth(m) - predicted, seed, confidence=confidence)
+    paired = rounds_paired(None if rounds is None else [rounds[i] for i in keep], [len(v) for v in values])
+    interval = bootstrap(values, lambda m: growth(m) - predicted, seed, confidence=confidence, paired=paired)
     measured = interval.estimate + predicted
     tpots = medians(values)[:, TPOT]
     numbers = {"measured_growth": measured, "predicted_growth": predicted, "tpot_first_ms": float(tpots[0]),
-               "tpot_last_ms": float(tpots[-1]), "prediction": "none" if bytes_per_step is None else "kv cache bytes"}
+               "tpot_last_ms": float(tpots[-1]), "prediction": "none" if bytes_per_step is None else "kv cache bytes",
+               "paired_by_round": paired}
     text = (f"TPOT p50 {tpots[0]:.3f} -> {tpots[-1]:.3f} ms from N={int(x[0])} to N={int(x[-1])}: fitted growth "
             f"{100 * measured:+.1f}%, the KV cache predicts {100 * predicted:+.1f}%; excess "
-            f"{_interval_text(interval, 100, '%', 1, confidence)}, tolerance +-{100 * TPOT_TOLERANCE:.0f}%")
+            f"{_interval_text(interval, 100, '%', 1, confidence)}, tolerance +-{100 * TPOT_TOLERANCE:.0f}%"
+            f"{_paired_text(paired)}")
     return _judge(LINEAR_LATENCY, interval, (-TPOT_TOLERANCE, TPOT_TOLERANCE), [len(v) for v in values], numbers, text,
                   confidence)
 
 
 def check_ttft_independent(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]], seed: int = 0,
-                           confidence: float = CONFIDENCE) -> Verdict:
+                           confidence: float = CONFIDENCE, rounds: Sequence[Sequence[int]] | None = None) -> Verdict:
     """Hypothesis 2: TTFT's fitted change across the sweep within +-max(10% TTFT_ref, 1 ms)."""
-    lengths, runs = _sorted(output_lengths, runs)
+    lengths, runs, rounds = _sorted(output_lengths, runs, rounds)
     short = _not_enough(TTFT_INDEPENDENT, len(lengths))
     if short:
         return short
@@ -270,18 +336,19 @@ def check_ttft_independent(output_lengths: Sequence[int], runs: Sequence[Sequenc
     def change(per_length: np.ndarray) -> np.ndarray:
         return fit_line(x, per_length[..., TTFT])[0] * (x[-1] - x[0])
 
-    interval = bootstrap(values, change, seed, confidence=confidence)
+    paired = rounds_paired(rounds, [len(v) for v in values])
+    interval = bootstrap(values, change, seed, confidence=confidence, paired=paired)
     numbers = {"change_ms": interval.estimate, "tolerance_ms": tolerance, "ttft_ref_ms": ttft_ref,
-               "relative_change": interval.estimate / ttft_ref if ttft_ref > 0 else 0.0}
+               "relative_change": interval.estimate / ttft_ref if ttft_ref > 0 else 0.0, "paired_by_round": paired}
     text = (f"TTFT p50 {ttfts.min():.2f}-{ttfts.max():.2f} ms; fitted change from N={lengths[0]} to N={lengths[-1]} "
             f"{_interval_text(interval, 1, ' ms', 2, confidence)}, {100 * numbers['relative_change']:+.1f}% of TTFT; "
-            f"tolerance +-{tolerance:.2f} ms")
+            f"tolerance +-{tolerance:.2f} ms{_paired_text(paired)}")
     return _judge(TTFT_INDEPENDENT, interval, (-tolerance, tolerance), [len(v) for v in values], numbers, text,
                   confidence)
 
 
 def check_tokens_plateau(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]], seed: int = 0,
-                         confidence: float = CONFIDENCE) -> Verdict:
+                         confidence: float = CONFIDENCE, rounds: Sequence[Sequence[int]] | None = None) -> Verdict:
     """Hypothesis 3: no step of output tokens/s, R_{i+1} / R_i - 1, falls beyond -5%.
 
     Each step has its own interval; HOLDS needs every step's 95% interval above -5%, DOES NOT
@@ -291,7 +358,7 @@ def check_tokens_plateau(output_lengths: Sequence[int], runs: Sequence[Sequence[
     fast or about 45% slower, as eager engines on a GPU host) it calls an unchanged engine
     falling in about 15% of sweeps of 5 runs per length.
     """
-    lengths, runs = _sorted(output_lengths, runs)
+    lengths, runs, rounds = _sorted(output_lengths, runs, rounds)
     short = _not_enough(TOKENS_PLATEAU, len(lengths))
     if short:
         return short
@@ -301,7 +368,8 @@ def check_tokens_plateau(output_lengths: Sequence[int], runs: Sequence[Sequence[
         rates = per_length[..., RATE]
         return rates[..., 1:] / rates[..., :-1] - 1
 
-    estimates, draws = bootstrap_draws(values, steps, seed)
+    paired = rounds_paired(rounds, [len(v) for v in values])
+    estimates, draws = statistic_draws(values, steps, seed, paired)
     family = 1 - (1 - confidence) / len(estimates)
     single = [percentile_interval(e, draws[:, i], confidence) for i, e in enumerate(estimates)]
     joint = [percentile_interval(e, draws[:, i], family) for i, e in enumerate(estimates)]
@@ -321,22 +389,24 @@ def check_tokens_plateau(output_lengths: Sequence[int], runs: Sequence[Sequence[
     numbers = {"tokens_per_s_first": float(rates[0]), "tokens_per_s_last": float(rates[-1]),
                "total_gain": float(rates[-1] / rates[0] - 1), "worst_step_change": float(estimates.min()),
                "step_changes": [float(e) for e in estimates], "shown_step": [lengths[shown], lengths[shown + 1]],
-               "confidence": shown_confidence, "fraction_of_decode_rate": plateau}
+               "confidence": shown_confidence, "fraction_of_decode_rate": plateau, "paired_by_round": paired}
     reached = "" if plateau is None else f", {100 * plateau:.0f}% of its plateau 1/TPOT"
     text = (f"tok/s p50 {rates[0]:.1f} at N={lengths[0]} -> {rates[-1]:.1f} at N={lengths[-1]} "
             f"({100 * numbers['total_gain']:+.0f}%{reached}); step N={lengths[shown]}->{lengths[shown + 1]} "
-            f"{_interval_text(interval, 100, '%', 1, shown_confidence)}, a fall counts beyond -{100 * FALL_TOLERANCE:.0f}%")
+            f"{_interval_text(interval, 100, '%', 1, shown_confidence)}, a fall counts beyond -{100 * FALL_TOLERANCE:.0f}%"
+            f"{_paired_text(paired)}")
     return _judge(TOKENS_PLATEAU, interval, (-FALL_TOLERANCE, math.inf), [len(v) for v in values], numbers, text,
                   shown_confidence)
 
 
 def check_all(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]],
               bytes_per_step: Sequence[float] | None = None, seed: int = 0,
-              confidence: float = CONFIDENCE) -> tuple[Verdict, ...]:
+              confidence: float = CONFIDENCE, rounds: Sequence[Sequence[int]] | None = None) -> tuple[Verdict, ...]:
     """The three hypotheses, in the seed's order; `bytes_per_step` per length (roofline) predicts TPOT's growth;
-    every interval at `confidence` (the tokens/s steps at its Bonferroni share)."""
+    every interval at `confidence` (the tokens/s steps at its Bonferroni share); `rounds`, each length's runs'
+    rounds in an interleaved sweep: where run j of every length ran in one round, paired by round."""
     return (
-        check_linear_latency(output_lengths, runs, bytes_per_step, seed, confidence),
-        check_ttft_independent(output_lengths, runs, seed, confidence),
-        check_tokens_plateau(output_lengths, runs, seed, confidence),
+        check_linear_latency(output_lengths, runs, bytes_per_step, seed, confidence, rounds),
+        check_ttft_independent(output_lengths, runs, seed, confidence, rounds),
+        check_tokens_plateau(output_lengths, runs, seed, confidence, rounds),
     )

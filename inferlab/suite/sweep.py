@@ -341,7 +341,8 @@ class _Measurement:
         """`group_verdicts` on the runs measured so far, by group."""
         groups: dict[GroupKey, Members] = {}
         for key, indices in self.groups.items():
-            groups[key] = [(self.bench_configs[i].output_length, self.runs[i], self.cases[i].decode_roofline().bytes_per_step)
+            groups[key] = [(self.bench_configs[i].output_length, self.runs[i], self.cases[i].decode_roofline().bytes_per_step,
+                            run_rounds(self.config.order, self.schedule[i]))
                            for i in indices if i in self.cases and self.runs[i]]
         return {key: judged.verdicts for key, judged in zip(groups, _judged(groups))}
 
@@ -391,8 +392,16 @@ def series_key(result: BenchResult) -> tuple[str, int, int]:
     return result.config.engine, result.prompt_length, result.config.batch_size
 
 
-# (output length, its runs, bytes per decode step or None) for each length of one group
-Members = list[tuple[int, Sequence[RunTimes], Optional[float]]]
+# (output length, its runs, bytes per decode step or None, its runs' rounds or None) for each length of one group
+Members = list[tuple[int, Sequence[RunTimes], Optional[float], Optional[tuple[int, ...]]]]
+
+
+def run_rounds(order: str, schedule: Sequence) -> tuple[int, ...] | None:
+    """The round of each run (`ScheduledRun`s, or their saved dicts) in an interleaved sweep, which
+    the hypotheses pair by round; None in the sequential order, whose "rounds" are not time-adjacent."""
+    if order != "interleaved":
+        return None
+    return tuple(s["round"] if isinstance(s, dict) else s.round for s in schedule)
 
 
 def run_top_up(state: _Measurement, shuffler: random.Random) -> None:
@@ -428,20 +437,25 @@ def run_top_up(state: _Measurement, shuffler: random.Random) -> None:
 def _judged(groups: dict[tuple[str, int, int], Members]) -> tuple[GroupVerdicts, ...]:
     verdicts = []
     for (engine, prompt, batch), members in groups.items():
-        per_step = None if any(b is None for _, _, b in members) else [b for _, _, b in members]
+        per_step = None if any(m[2] is None for m in members) else [m[2] for m in members]
+        rounds = None if any(m[3] is None for m in members) else [m[3] for m in members]
         verdicts.append(GroupVerdicts(engine, prompt, batch, hypotheses.check_all(
-            [n for n, _, _ in members], [runs for _, runs, _ in members], per_step)))
+            [m[0] for m in members], [m[1] for m in members], per_step, rounds=rounds)))
     return tuple(verdicts)
 
 
-def group_verdicts(results: Sequence[BenchResult]) -> tuple[GroupVerdicts, ...]:
-    """The hypotheses per (engine, prompt length, batch size), on the results that ran."""
+def group_verdicts(results: Sequence[BenchResult], schedules: dict | None = None,
+                   order: str = "interleaved") -> tuple[GroupVerdicts, ...]:
+    """The hypotheses per (engine, prompt length, batch size), on the results that ran; `schedules`
+    (result stem -> its runs' `ScheduledRun`s) pairs them by round in the interleaved `order`."""
     groups: dict[tuple[str, int, int], Members] = {}
     for result in results:
         members = groups.setdefault(series_key(result), [])
         if result.status == "ok":
+            schedule = None if schedules is None else schedules.get(result_stem(result.config))
             members.append((result.config.output_length, result.runs,
-                            None if result.roofline is None else result.roofline.bytes_per_step))
+                            None if result.roofline is None else result.roofline.bytes_per_step,
+                            None if schedule is None else run_rounds(order, schedule)))
     return _judged(groups)
 
 
@@ -453,8 +467,10 @@ def saved_group_verdicts(saved: dict) -> tuple[GroupVerdicts, ...]:
         members = groups.setdefault((config["engine"], result["prompt_length"], config["batch_size"]), [])
         if result.get("status") == "ok":
             roofline = result.get("roofline")
+            schedule = result.get("schedule")
             members.append((config["output_length"], [RunTimes(tuple(run["token_ms"])) for run in result["runs"]],
-                            None if roofline is None else roofline["bytes_per_step"]))
+                            None if roofline is None else roofline["bytes_per_step"],
+                            None if schedule is None else run_rounds(saved.get("config", {}).get("order", ""), schedule)))
     return _judged(groups)
 
 
@@ -516,7 +532,7 @@ def run_sweep(
         progress.close()
     results, schedules = state.results()
     groups, rounds = state.top_up_record() if config.tops_up else ((), ())
-    report = SweepReport(config, sweep_fingerprint(loaded), results, group_verdicts(results), folder,
+    report = SweepReport(config, sweep_fingerprint(loaded), results, group_verdicts(results, schedules, config.order), folder,
                          complete=interrupt is None, schedules=schedules, top_up_groups=groups, top_up_rounds=rounds)
     report = (write or write_json)(report)
     if interrupt is not None:
