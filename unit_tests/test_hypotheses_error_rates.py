@@ -1,15 +1,8 @@
 """perf_tests/scripts/hypotheses_error_rates.py: the simulated sweeps it judges, and its --paired table."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 from inferlab.suite import hypotheses
-
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "perf_tests" / "scripts" / "hypotheses_error_rates.py"
 
 
 @pytest.fixture(scope="module")
@@ -27,17 +20,22 @@ def test_a_slow_phase_slows_every_length_of_its_round_alike(script):
 
 
 def test_paired_table_judges_each_sweep_over_runs_and_paired_by_round(script):
-    job = (0, script.cpu_case("normal", phases=0.3), 3, 6)
-    outcomes = script.judged_paired(job)
+    outcomes = script.judged_paired((0, script.cpu_case("normal", phases=0.3), 3, 6, hypotheses.PAIRED_MIN_ROUNDS))
     assert set(outcomes) == {f"{pairing}: {rule}" for pairing in ("runs", "rounds")
                              for rule in ("fixed 3", "fixed 6", "top-up 3->6")}
     # below PAIRED_MIN_ROUNDS rounds the two are the same judgement
     assert hypotheses.PAIRED_MIN_ROUNDS > 3 and outcomes["runs: fixed 3"] == outcomes["rounds: fixed 3"]
 
 
-def test_the_paired_mode_prints_a_row_per_case_and_rule(tmp_path):
-    done = subprocess.run([sys.executable, str(SCRIPT), "--paired", "--sweeps", "2", "--workers", "1", "--max-runs", "5"],
-                          capture_output=True, text=True, env={"PYTHONPATH": str(ROOT)}, cwd=ROOT, timeout=300)
-    assert done.returncode == 0, done.stderr
-    rows = [line for line in done.stdout.splitlines() if line.startswith("| N(1")]
+def test_pairing_starts_at_the_rounds_asked_for(script):
+    case = script.cpu_case("normal", phases=0.5)
+    from_three = [script.judged_paired((seed, case, 3, 3, 3)) for seed in range(10)]
+    assert any(o["runs: fixed 3"] != o["rounds: fixed 3"] for o in from_three)
+
+
+def test_the_paired_mode_prints_a_row_per_case_and_rule(script, monkeypatch, capsys):
+    monkeypatch.setattr("sys.argv", ["hypotheses_error_rates.py", "--paired", "--sweeps", "2", "--workers", "1",
+                                     "--max-runs", "5"])
+    assert script.main() == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| N(1")]
     assert len(rows) == 8 * 6 and sum("phases 30% x1.3" in row for row in rows) == 5 * 6

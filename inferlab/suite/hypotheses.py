@@ -12,7 +12,7 @@ and with the sweep's interleaved order the host's drift over the sweep too, wide
 nothing else is assumed about their shape.
 
 Paired by round, where the caller gives each run's round (`rounds`), run j of every length ran in
-the same round, and there are at least `PAIRED_MIN_ROUNDS` rounds: the interleaved sweep measures
+the same round, and there are at least `PAIRED_MIN_ROUNDS` rounds (`min_rounds`): the interleaved sweep measures
 every length once a round, so a host that is slow for a while is slow for every length of that
 round, and the runs of one length are not independent of the others'. Then each round's slowness
 (per value, the median over lengths of its runs against their lengths' medians, in logs) is
@@ -156,15 +156,15 @@ def bootstrap_draws(values: Sequence[np.ndarray], statistic: Callable[[np.ndarra
     return np.asarray(statistic(medians(values)), dtype=float), np.asarray(statistic(np.stack(resampled, axis=1)))
 
 
-def rounds_paired(rounds: Sequence[Sequence[int]] | None, counts: Sequence[int]) -> bool:
+def rounds_paired(rounds: Sequence[Sequence[int]] | None, counts: Sequence[int],
+                  min_rounds: int = PAIRED_MIN_ROUNDS) -> bool:
     """Whether to pair by round: run j of every length ran in the same round (`rounds`: each length's
     runs' rounds, in the runs' order; `counts`: each length's runs), and there are at least
-    `PAIRED_MIN_ROUNDS` rounds."""
+    `min_rounds` rounds."""
     if rounds is None or len(rounds) != len(counts) or not counts:
         return False
     first = tuple(rounds[0])
-    return len(first) >= PAIRED_MIN_ROUNDS and all(tuple(r) == first and len(r) == count
-                                                   for r, count in zip(rounds, counts))
+    return len(first) >= min_rounds and all(tuple(r) == first and len(r) == count for r, count in zip(rounds, counts))
 
 
 def round_adjusted_medians(rounds: np.ndarray) -> np.ndarray:
@@ -282,7 +282,8 @@ def _judge(name: str, interval: Interval, bounds: tuple[float, float], runs_per_
 
 def check_linear_latency(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]],
                          bytes_per_step: Sequence[float] | None = None, seed: int = 0,
-                         confidence: float = CONFIDENCE, rounds: Sequence[Sequence[int]] | None = None) -> Verdict:
+                         confidence: float = CONFIDENCE, rounds: Sequence[Sequence[int]] | None = None,
+                         min_rounds: int = PAIRED_MIN_ROUNDS) -> Verdict:
     """Hypothesis 1: TPOT's growth across the sweep, beyond the KV cache's prediction, within +-10%."""
     if bytes_per_step is not None:
         assert len(bytes_per_step) == len(output_lengths), "one byte count per output length"
@@ -305,7 +306,7 @@ def check_linear_latency(output_lengths: Sequence[int], runs: Sequence[Sequence[
         return slope * span / (intercept + slope * x[0])
 
     predicted = 0.0 if bytes_per_step is None else bytes_per_step[keep[-1]] / bytes_per_step[keep[0]] - 1
-    paired = rounds_paired(None if rounds is None else [rounds[i] for i in keep], [len(v) for v in values])
+    paired = rounds_paired(None if rounds is None else [rounds[i] for i in keep], [len(v) for v in values], min_rounds)
     interval = bootstrap(values, lambda m: growth(m) - predicted, seed, confidence=confidence, paired=paired)
     measured = interval.estimate + predicted
     tpots = medians(values)[:, TPOT]
@@ -321,7 +322,8 @@ def check_linear_latency(output_lengths: Sequence[int], runs: Sequence[Sequence[
 
 
 def check_ttft_independent(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]], seed: int = 0,
-                           confidence: float = CONFIDENCE, rounds: Sequence[Sequence[int]] | None = None) -> Verdict:
+                           confidence: float = CONFIDENCE, rounds: Sequence[Sequence[int]] | None = None,
+                           min_rounds: int = PAIRED_MIN_ROUNDS) -> Verdict:
     """Hypothesis 2: TTFT's fitted change across the sweep within +-max(10% TTFT_ref, 1 ms)."""
     lengths, runs, rounds = _sorted(output_lengths, runs, rounds)
     short = _not_enough(TTFT_INDEPENDENT, len(lengths))
@@ -336,7 +338,7 @@ def check_ttft_independent(output_lengths: Sequence[int], runs: Sequence[Sequenc
     def change(per_length: np.ndarray) -> np.ndarray:
         return fit_line(x, per_length[..., TTFT])[0] * (x[-1] - x[0])
 
-    paired = rounds_paired(rounds, [len(v) for v in values])
+    paired = rounds_paired(rounds, [len(v) for v in values], min_rounds)
     interval = bootstrap(values, change, seed, confidence=confidence, paired=paired)
     numbers = {"change_ms": interval.estimate, "tolerance_ms": tolerance, "ttft_ref_ms": ttft_ref,
                "relative_change": interval.estimate / ttft_ref if ttft_ref > 0 else 0.0, "paired_by_round": paired}
@@ -348,7 +350,8 @@ def check_ttft_independent(output_lengths: Sequence[int], runs: Sequence[Sequenc
 
 
 def check_tokens_plateau(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]], seed: int = 0,
-                         confidence: float = CONFIDENCE, rounds: Sequence[Sequence[int]] | None = None) -> Verdict:
+                         confidence: float = CONFIDENCE, rounds: Sequence[Sequence[int]] | None = None,
+                         min_rounds: int = PAIRED_MIN_ROUNDS) -> Verdict:
     """Hypothesis 3: no step of output tokens/s, R_{i+1} / R_i - 1, falls beyond -5%.
 
     Each step has its own interval; HOLDS needs every step's 95% interval above -5%, DOES NOT
@@ -368,7 +371,7 @@ def check_tokens_plateau(output_lengths: Sequence[int], runs: Sequence[Sequence[
         rates = per_length[..., RATE]
         return rates[..., 1:] / rates[..., :-1] - 1
 
-    paired = rounds_paired(rounds, [len(v) for v in values])
+    paired = rounds_paired(rounds, [len(v) for v in values], min_rounds)
     estimates, draws = statistic_draws(values, steps, seed, paired)
     family = 1 - (1 - confidence) / len(estimates)
     single = [percentile_interval(e, draws[:, i], confidence) for i, e in enumerate(estimates)]
@@ -401,12 +404,14 @@ def check_tokens_plateau(output_lengths: Sequence[int], runs: Sequence[Sequence[
 
 def check_all(output_lengths: Sequence[int], runs: Sequence[Sequence[RunTimes]],
               bytes_per_step: Sequence[float] | None = None, seed: int = 0,
-              confidence: float = CONFIDENCE, rounds: Sequence[Sequence[int]] | None = None) -> tuple[Verdict, ...]:
+              confidence: float = CONFIDENCE, rounds: Sequence[Sequence[int]] | None = None,
+              min_rounds: int = PAIRED_MIN_ROUNDS) -> tuple[Verdict, ...]:
     """The three hypotheses, in the seed's order; `bytes_per_step` per length (roofline) predicts TPOT's growth;
     every interval at `confidence` (the tokens/s steps at its Bonferroni share); `rounds`, each length's runs'
-    rounds in an interleaved sweep: where run j of every length ran in one round, paired by round."""
+    rounds in an interleaved sweep: where run j of every length ran in one round, from `min_rounds` rounds on,
+    paired by round."""
     return (
-        check_linear_latency(output_lengths, runs, bytes_per_step, seed, confidence, rounds),
-        check_ttft_independent(output_lengths, runs, seed, confidence, rounds),
-        check_tokens_plateau(output_lengths, runs, seed, confidence, rounds),
+        check_linear_latency(output_lengths, runs, bytes_per_step, seed, confidence, rounds, min_rounds),
+        check_ttft_independent(output_lengths, runs, seed, confidence, rounds, min_rounds),
+        check_tokens_plateau(output_lengths, runs, seed, confidence, rounds, min_rounds),
     )

@@ -176,16 +176,17 @@ PAIRED_CASES = (cpu_case("normal"), cpu_case("stalls"), cpu_case("stalls", growt
                     ("stalls", {"ttft_growth": 0.15}))))
 
 
-def judged_paired(job: tuple[int, Case, int, int]) -> dict[str, tuple]:
+def judged_paired(job: tuple[int, Case, int, int, int]) -> dict[str, tuple]:
     """One simulated sweep's verdicts on `runs` runs, on `max_runs` runs and topped up at 95% per
-    look, each with the runs independent and paired by round."""
-    seed, case, runs, max_runs = job
+    look, each with the runs independent and paired by round (from `min_rounds` rounds)."""
+    seed, case, runs, max_runs, min_rounds = job
     drawn = sweep(seed, case, max_runs)
     outcomes = {}
     for pairing in ("runs", "rounds"):
         def judge(n: int, confidence: float) -> tuple[hypotheses.Verdict, ...]:
             rounds = [tuple(range(n))] * len(LENGTHS) if pairing == "rounds" else None
-            return hypotheses.check_all(LENGTHS, [r[:n] for r in drawn], seed=seed, confidence=confidence, rounds=rounds)
+            return hypotheses.check_all(LENGTHS, [r[:n] for r in drawn], seed=seed, confidence=confidence, rounds=rounds,
+                                        min_rounds=min_rounds)
 
         for n in (runs, max_runs):
             outcomes[f"{pairing}: fixed {n}"] = (judge(n, hypotheses.CONFIDENCE), n)
@@ -200,7 +201,8 @@ def errors(verdicts: tuple[str, ...], holds: tuple[bool, ...]) -> tuple[bool, bo
             any(not h and v == hypotheses.HOLDS for v, h in zip(verdicts, holds)))
 
 
-def top_up_mode(sweeps: int, runs: int, max_runs: int, workers: int, paired: bool = False) -> None:
+def top_up_mode(sweeps: int, runs: int, max_runs: int, workers: int, paired: bool = False,
+                min_rounds: int = hypotheses.PAIRED_MIN_ROUNDS) -> None:
     if paired:
         print(f"every rule judged at {100 * hypotheses.CONFIDENCE:.0f}% (per look), with the runs independent and "
               f"paired by round; {sweeps} sweeps per truth")
@@ -216,7 +218,8 @@ def top_up_mode(sweeps: int, runs: int, max_runs: int, workers: int, paired: boo
     print("|---|---|---|---|---|---|---|---|")
     with ProcessPoolExecutor(workers) as pool:
         for case in cases:
-            outcomes = list(pool.map(judged, [(seed, case, runs, max_runs) for seed in range(sweeps)], chunksize=16))
+            jobs = [(seed, case, runs, max_runs, *((min_rounds,) if paired else ())) for seed in range(sweeps)]
+            outcomes = list(pool.map(judged, jobs, chunksize=16))
             for rule in outcomes[0]:
                 counts = [Counter(o[rule][0][i] for o in outcomes) for i in range(3)]
                 cells = [" / ".join(str(c[v]) for v in (hypotheses.HOLDS, hypotheses.DOES_NOT_HOLD, hypotheses.INCONCLUSIVE))
@@ -243,9 +246,8 @@ def main() -> int:
     parser.add_argument("--paired-min-rounds", type=int, default=hypotheses.PAIRED_MIN_ROUNDS,
                         help="--paired: rounds before the runs are paired (default: the hypotheses')")
     args = parser.parse_args()
-    hypotheses.PAIRED_MIN_ROUNDS = args.paired_min_rounds  # before the workers fork
     if args.top_up or args.paired:
-        top_up_mode(args.sweeps, args.runs, args.max_runs, args.workers, args.paired)
+        top_up_mode(args.sweeps, args.runs, args.max_runs, args.workers, args.paired, args.paired_min_rounds)
     else:
         rules_mode(args.sweeps)
     return 0
