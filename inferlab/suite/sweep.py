@@ -342,7 +342,7 @@ class _Measurement:
         groups: dict[GroupKey, Members] = {}
         for key, indices in self.groups.items():
             groups[key] = [(self.bench_configs[i].output_length, self.runs[i], self.cases[i].decode_roofline().bytes_per_step,
-                            run_rounds(self.config.order, self.schedule[i]))
+                            run_rounds(self.config.order, [run.round for run in self.schedule[i]]))
                            for i in indices if i in self.cases and self.runs[i]]
         return {key: judged.verdicts for key, judged in zip(groups, _judged(groups))}
 
@@ -396,12 +396,10 @@ def series_key(result: BenchResult) -> tuple[str, int, int]:
 Members = list[tuple[int, Sequence[RunTimes], Optional[float], Optional[tuple[int, ...]]]]
 
 
-def run_rounds(order: str, schedule: Sequence) -> tuple[int, ...] | None:
-    """The round of each run (`ScheduledRun`s, or their saved dicts) in an interleaved sweep, which
-    the hypotheses pair by round; None in the sequential order, whose "rounds" are not time-adjacent."""
-    if order != "interleaved":
-        return None
-    return tuple(s["round"] if isinstance(s, dict) else s.round for s in schedule)
+def run_rounds(order: str, rounds: Sequence[int]) -> tuple[int, ...] | None:
+    """The rounds of a configuration's runs, in an interleaved sweep, for the hypotheses to pair the
+    runs by round; None in the sequential order, whose "rounds" are not time-adjacent."""
+    return tuple(rounds) if order == "interleaved" else None
 
 
 def run_top_up(state: _Measurement, shuffler: random.Random) -> None:
@@ -455,7 +453,7 @@ def group_verdicts(results: Sequence[BenchResult], schedules: dict | None = None
             schedule = None if schedules is None else schedules.get(result_stem(result.config))
             members.append((result.config.output_length, result.runs,
                             None if result.roofline is None else result.roofline.bytes_per_step,
-                            None if schedule is None else run_rounds(order, schedule)))
+                            None if schedule is None else run_rounds(order, [run.round for run in schedule])))
     return _judged(groups)
 
 
@@ -470,7 +468,8 @@ def saved_group_verdicts(saved: dict) -> tuple[GroupVerdicts, ...]:
             schedule = result.get("schedule")
             members.append((config["output_length"], [RunTimes(tuple(run["token_ms"])) for run in result["runs"]],
                             None if roofline is None else roofline["bytes_per_step"],
-                            None if schedule is None else run_rounds(saved.get("config", {}).get("order", ""), schedule)))
+                            None if schedule is None else run_rounds(saved.get("config", {}).get("order", ""),
+                                                                      [run["round"] for run in schedule])))
     return _judged(groups)
 
 
