@@ -191,9 +191,9 @@ def round_draws(values: Sequence[np.ndarray], statistic: Callable[[np.ndarray], 
 
 
 def statistic_draws(values: Sequence[np.ndarray], statistic: Callable[[np.ndarray], np.ndarray], seed: int,
-                    paired: bool) -> tuple[np.ndarray, np.ndarray]:
+                    paired: bool, resamples: int = RESAMPLES) -> tuple[np.ndarray, np.ndarray]:
     """The estimate and bootstrap draws of `statistic`: by round where `paired`, else over runs."""
-    return (round_draws if paired else bootstrap_draws)(values, statistic, seed)
+    return (round_draws if paired else bootstrap_draws)(values, statistic, seed, resamples)
 
 
 def percentile_interval(estimate: float, draws: np.ndarray, confidence: float = CONFIDENCE) -> Interval:
@@ -207,7 +207,7 @@ def bootstrap(values: Sequence[np.ndarray], statistic: Callable[[np.ndarray], np
               resamples: int = RESAMPLES, confidence: float = CONFIDENCE, paired: bool = False) -> Interval:
     """`statistic` of per-length medians ([..., k, 3] -> [...]) with its percentile bootstrap interval;
     `paired`: of the round-adjusted medians, whole rounds resampled (`round_draws`)."""
-    estimate, drawn = (round_draws if paired else bootstrap_draws)(values, statistic, seed, resamples)
+    estimate, drawn = statistic_draws(values, statistic, seed, paired, resamples)
     return percentile_interval(float(estimate), drawn, confidence)
 
 

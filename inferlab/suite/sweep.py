@@ -44,7 +44,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -341,8 +341,9 @@ class _Measurement:
         """`group_verdicts` on the runs measured so far, by group."""
         groups: dict[GroupKey, Members] = {}
         for key, indices in self.groups.items():
-            groups[key] = [(self.bench_configs[i].output_length, self.runs[i], self.cases[i].decode_roofline().bytes_per_step,
-                            run_rounds(self.config.order, [run.round for run in self.schedule[i]]))
+            groups[key] = [Member(self.bench_configs[i].output_length, self.runs[i],
+                                  self.cases[i].decode_roofline().bytes_per_step,
+                                  run_rounds(self.config.order, [run.round for run in self.schedule[i]]))
                            for i in indices if i in self.cases and self.runs[i]]
         return {key: judged.verdicts for key, judged in zip(groups, _judged(groups))}
 
@@ -392,8 +393,16 @@ def series_key(result: BenchResult) -> tuple[str, int, int]:
     return result.config.engine, result.prompt_length, result.config.batch_size
 
 
-# (output length, its runs, bytes per decode step or None, its runs' rounds or None) for each length of one group
-Members = list[tuple[int, Sequence[RunTimes], Optional[float], Optional[tuple[int, ...]]]]
+class Member(NamedTuple):
+    """One output length of a group, as the hypotheses judge it."""
+
+    output_length: int
+    runs: Sequence[RunTimes]
+    bytes_per_step: Optional[float]  # None without a roofline
+    rounds: Optional[tuple[int, ...]]  # each run's round where the sweep pairs them (`run_rounds`), else None
+
+
+Members = list[Member]
 
 
 def run_rounds(order: str, rounds: Sequence[int]) -> tuple[int, ...] | None:
@@ -435,10 +444,10 @@ def run_top_up(state: _Measurement, shuffler: random.Random) -> None:
 def _judged(groups: dict[tuple[str, int, int], Members]) -> tuple[GroupVerdicts, ...]:
     verdicts = []
     for (engine, prompt, batch), members in groups.items():
-        per_step = None if any(m[2] is None for m in members) else [m[2] for m in members]
-        rounds = None if any(m[3] is None for m in members) else [m[3] for m in members]
+        per_step = None if any(m.bytes_per_step is None for m in members) else [m.bytes_per_step for m in members]
+        rounds = None if any(m.rounds is None for m in members) else [m.rounds for m in members]
         verdicts.append(GroupVerdicts(engine, prompt, batch, hypotheses.check_all(
-            [m[0] for m in members], [m[1] for m in members], per_step, rounds=rounds)))
+            [m.output_length for m in members], [m.runs for m in members], per_step, rounds=rounds)))
     return tuple(verdicts)
 
 
@@ -451,9 +460,9 @@ def group_verdicts(results: Sequence[BenchResult], schedules: dict | None = None
         members = groups.setdefault(series_key(result), [])
         if result.status == "ok":
             schedule = None if schedules is None else schedules.get(result_stem(result.config))
-            members.append((result.config.output_length, result.runs,
-                            None if result.roofline is None else result.roofline.bytes_per_step,
-                            None if schedule is None else run_rounds(order, [run.round for run in schedule])))
+            members.append(Member(result.config.output_length, result.runs,
+                                  None if result.roofline is None else result.roofline.bytes_per_step,
+                                  None if schedule is None else run_rounds(order, [run.round for run in schedule])))
     return _judged(groups)
 
 
@@ -466,10 +475,10 @@ def saved_group_verdicts(saved: dict) -> tuple[GroupVerdicts, ...]:
         if result.get("status") == "ok":
             roofline = result.get("roofline")
             schedule = result.get("schedule")
-            members.append((config["output_length"], [RunTimes(tuple(run["token_ms"])) for run in result["runs"]],
-                            None if roofline is None else roofline["bytes_per_step"],
-                            None if schedule is None else run_rounds(saved.get("config", {}).get("order", ""),
-                                                                      [run["round"] for run in schedule])))
+            members.append(Member(config["output_length"], [RunTimes(tuple(run["token_ms"])) for run in result["runs"]],
+                                  None if roofline is None else roofline["bytes_per_step"],
+                                  None if schedule is None else run_rounds(saved.get("config", {}).get("order", ""),
+                                                                            [run["round"] for run in schedule])))
     return _judged(groups)
 
 
